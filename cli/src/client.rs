@@ -1,0 +1,220 @@
+//! Talking to a coordinator as a user: friendly errors, uploads, waiting with
+//! a progress bar, downloads.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use tessera_proto as pb;
+use tonic::transport::Channel;
+use tonic::Code;
+
+use tessera_coordinator::blendfile;
+use tessera_coordinator::frames::FrameSet;
+use tessera_worker::{agent, transfer};
+
+/// Clients of one coordinator.
+#[derive(Clone)]
+pub struct Client {
+    /// The coordinator's URL, for messages.
+    pub url: String,
+    /// Jobs and workers.
+    pub farm: pb::farm_client::FarmClient<Channel>,
+    /// Blobs.
+    pub blobs: pb::blobs_client::BlobsClient<Channel>,
+}
+
+impl Client {
+    /// A client of the coordinator at `url` (connects on first use).
+    pub fn new(url: &str) -> Result<Self> {
+        let channel = agent::channel(url)?;
+        Ok(Self {
+            url: url.to_string(),
+            farm: pb::farm_client::FarmClient::new(channel.clone()),
+            blobs: pb::blobs_client::BlobsClient::new(channel),
+        })
+    }
+
+    /// Turns a status into an error that says what to do.
+    pub fn explain(&self, s: tonic::Status) -> anyhow::Error {
+        match s.code() {
+            Code::Unavailable => anyhow!(
+                "cannot reach the coordinator at {}: {}; start one with `tessera coordinator` or point --coordinator (or $TESSERA_COORDINATOR) at it",
+                self.url,
+                s.message()
+            ),
+            _ => anyhow!("{}", s.message()),
+        }
+    }
+
+    /// One job.
+    pub async fn job(&mut self, id: u64) -> Result<pb::JobView> {
+        let r = self.farm.get_job(pb::JobRef { job_id: id }).await;
+        r.map(tonic::Response::into_inner).map_err(|s| self.explain(s))
+    }
+}
+
+/// Checks that `path` is a Blender file, by its header.
+pub fn check_scene(path: &Path) -> Result<()> {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(12);
+    std::fs::File::open(path)
+        .with_context(|| format!("cannot open scene {}", path.display()))?
+        .take(12)
+        .read_to_end(&mut head)
+        .with_context(|| format!("cannot read scene {}", path.display()))?;
+    blendfile::sniff(&head).map_err(|e| anyhow!("{} {e}", path.display()))?;
+    Ok(())
+}
+
+/// The scene's frame range, read with Blender (`start-end`, step included).
+pub async fn scene_frames(blender: &Path, scene: &Path) -> Result<String> {
+    let expr = "import bpy; s = bpy.context.scene; print('TESSERA_RANGE %d %d %d' % (s.frame_start, s.frame_end, s.frame_step))";
+    let out = tokio::process::Command::new(blender)
+        .arg("-b")
+        .arg(scene)
+        .args(["--python-exit-code", "3", "--python-expr", expr])
+        .output()
+        .await
+        .with_context(|| {
+            format!(
+                "cannot run Blender (`{}`) to read the scene's frame range; pass --frames, or install Blender (apt-get install blender)",
+                blender.display()
+            )
+        })?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("TESSERA_RANGE "))
+        .ok_or_else(|| anyhow!("Blender could not read the frame range of {}; pass --frames", scene.display()))?;
+    let n: Vec<u32> = line.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    match n.as_slice() {
+        [a, b, 1] => Ok(format!("{a}-{b}")),
+        [a, b, s] => Ok(format!("{a}-{b}x{s}")),
+        _ => bail!("Blender printed an unexpected frame range `{line}`; pass --frames"),
+    }
+}
+
+/// Validates the frame set here, for an early and clear error.
+pub fn check_frames(frames: &str) -> Result<()> {
+    FrameSet::parse(frames, u64::MAX).map(drop).map_err(|e| anyhow!("{e}"))
+}
+
+/// Uploads the scene if the coordinator lacks it; returns (digest, bytes sent).
+pub async fn upload_scene(client: &mut Client, scene: &Path) -> Result<(String, u64)> {
+    let (digest, size) = transfer::hash_file(scene).await?;
+    let sent = transfer::upload_file(&mut client.blobs, scene, &digest, size)
+        .await
+        .map_err(|e| match e {
+            tessera_worker::Error::Rpc(s) => client.explain(s),
+            other => anyhow!(other),
+        })
+        .with_context(|| format!("cannot upload {}", scene.display()))?;
+    Ok((digest, sent))
+}
+
+/// A progress bar for a job, on stderr.
+fn bar(total: u64) -> ProgressBar {
+    let pb = ProgressBar::new(total);
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40.cyan/blue} {pos}/{len} frames  {msg}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    pb.enable_steady_tick(Duration::from_millis(200));
+    pb
+}
+
+/// Frames finished, counting frames reported by running tasks.
+fn frames_done(job: &pb::JobView) -> u64 {
+    let running: u32 = job
+        .tasks
+        .iter()
+        .filter(|t| t.state == pb::TaskState::Leased as i32)
+        .map(|t| t.frames_done)
+        .sum();
+    job.outputs.len() as u64 + u64::from(running)
+}
+
+/// Waits for a job to end, drawing a progress bar. Tolerates the coordinator
+/// going away for a while (it may be restarting). Fails unless the job is done.
+pub async fn wait(client: &mut Client, id: u64) -> Result<pb::JobView> {
+    let mut bar: Option<ProgressBar> = None;
+    let mut unreachable_since: Option<std::time::Instant> = None;
+    loop {
+        match client.farm.get_job(pb::JobRef { job_id: id }).await {
+            Ok(r) => {
+                unreachable_since = None;
+                let job = r.into_inner();
+                let b = bar.get_or_insert_with(|| bar_for(&job));
+                b.set_position(frames_done(&job));
+                let running = job.tasks_running;
+                b.set_message(match pb::JobState::try_from(job.state) {
+                    Ok(pb::JobState::Queued) => "queued".to_string(),
+                    Ok(pb::JobState::Running) => format!("running on {running} slot(s)"),
+                    Ok(s) => s.as_str_name().trim_start_matches("JOB_STATE_").to_lowercase(),
+                    Err(_) => String::new(),
+                });
+                match pb::JobState::try_from(job.state) {
+                    Ok(pb::JobState::Done) => {
+                        b.finish_with_message("done");
+                        return Ok(job);
+                    }
+                    Ok(pb::JobState::Failed) => {
+                        b.abandon_with_message("failed");
+                        bail!("job {id} failed: {}", job.message);
+                    }
+                    Ok(pb::JobState::Canceled) => {
+                        b.abandon_with_message("canceled");
+                        bail!("job {id} was canceled");
+                    }
+                    _ => {}
+                }
+            }
+            Err(s) if agent::transient(&s) => {
+                let since = *unreachable_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() > Duration::from_secs(300) {
+                    return Err(client.explain(s)).context(format!("gave up waiting for job {id}"));
+                }
+                if let Some(b) = &bar {
+                    b.set_message("coordinator unreachable; retrying");
+                }
+            }
+            Err(s) => return Err(client.explain(s)),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn bar_for(job: &pb::JobView) -> ProgressBar {
+    bar(u64::from(job.frames_total))
+}
+
+/// The file name of a frame: `frame_0001.png`.
+pub fn frame_file(frame: u32, ext: &str) -> String {
+    format!("frame_{frame:04}.{ext}")
+}
+
+/// Downloads every rendered frame of `job` into `dir`; returns the paths.
+pub async fn fetch(client: &mut Client, job: &pb::JobView, dir: &Path) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut paths = Vec::with_capacity(job.outputs.len());
+    for out in &job.outputs {
+        let ext = if !out.ext.is_empty() && out.ext.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            out.ext.as_str()
+        } else {
+            "bin"
+        };
+        let path = dir.join(frame_file(out.frame, ext));
+        transfer::download_file(&mut client.blobs, &out.digest, &path)
+            .await
+            .map_err(|e| match e {
+                tessera_worker::Error::Rpc(s) => client.explain(s),
+                other => anyhow!(other),
+            })
+            .with_context(|| format!("cannot download frame {}", out.frame))?;
+        paths.push(path);
+    }
+    Ok(paths)
+}

@@ -1,0 +1,208 @@
+//! One function per subcommand.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use tessera_proto as pb;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::client::{self, Client};
+use crate::{show, Cli, Command, CoordinatorArgs, JobArgs, SubmitArgs, WorkerArgs};
+
+/// Runs the parsed command line.
+pub async fn run(cli: Cli) -> Result<()> {
+    let url = cli.coordinator;
+    match cli.command {
+        Command::Coordinator(args) => coordinator(args).await,
+        Command::Worker(args) => worker(&url, args).await,
+        Command::Submit(args) => submit(&url, args).await,
+        Command::Jobs(j) => {
+            let mut c = Client::new(&url)?;
+            let jobs = c.farm.list_jobs(pb::ListJobsRequest {}).await.map_err(|s| c.explain(s))?.into_inner().jobs;
+            if j.json {
+                println!("{}", serde_json::to_string_pretty(&jobs.iter().map(show::job_json).collect::<Vec<_>>())?);
+            } else {
+                show::jobs(&jobs);
+            }
+            Ok(())
+        }
+        Command::Status { job, json } => {
+            let mut c = Client::new(&url)?;
+            let j = c.job(job).await?;
+            if json.json {
+                println!("{}", serde_json::to_string_pretty(&show::job_json(&j))?);
+            } else {
+                show::job(&j);
+            }
+            Ok(())
+        }
+        Command::Watch { job } => {
+            let mut c = Client::new(&url)?;
+            c.job(job).await?;
+            client::wait(&mut c, job).await?;
+            Ok(())
+        }
+        Command::Fetch { job, output } => {
+            let mut c = Client::new(&url)?;
+            let j = c.job(job).await?;
+            if j.outputs.is_empty() {
+                bail!("job {job} has no rendered frames yet; wait for it with `tessera watch {job}`");
+            }
+            let paths = client::fetch(&mut c, &j, &output).await?;
+            eprintln!("{} frame(s) written to {}", paths.len(), output.display());
+            if j.outputs.len() < j.frames_total as usize {
+                eprintln!("job {job} is {}: {} of {} frames so far", show::job_json(&j)["state"], j.outputs.len(), j.frames_total);
+            }
+            Ok(())
+        }
+        Command::Cancel { job } => {
+            let mut c = Client::new(&url)?;
+            c.farm.cancel_job(pb::JobRef { job_id: job }).await.map_err(|s| c.explain(s))?;
+            eprintln!("job {job} canceled");
+            Ok(())
+        }
+        Command::Workers(j) => {
+            let mut c = Client::new(&url)?;
+            let workers = c.farm.list_workers(pb::ListWorkersRequest {}).await.map_err(|s| c.explain(s))?.into_inner().workers;
+            if j.json {
+                println!("{}", serde_json::to_string_pretty(&workers.iter().map(show::worker_json).collect::<Vec<_>>())?);
+            } else {
+                show::workers(&workers);
+            }
+            Ok(())
+        }
+        Command::Render(args) => crate::local::render(args).await,
+    }
+}
+
+/// Resolves when SIGINT or SIGTERM arrives.
+pub async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// Coordinator settings from the command line.
+pub fn coordinator_config(a: &CoordinatorArgs) -> Result<tessera_coordinator::Config> {
+    if !(a.lease_ttl.is_finite() && a.lease_ttl >= 0.3) {
+        bail!("--lease-ttl {} is too short; use 0.3 seconds or more", a.lease_ttl);
+    }
+    Ok(tessera_coordinator::Config {
+        lease_ttl_ms: (a.lease_ttl * 1000.0) as u64,
+        max_frames: a.max_frames,
+        max_attempts: a.max_attempts.max(1),
+        max_upload: a.max_upload_mib.saturating_mul(1 << 20),
+    })
+}
+
+async fn coordinator(args: CoordinatorArgs) -> Result<()> {
+    let config = coordinator_config(&args)?;
+    let coord = tessera_coordinator::Coordinator::open(&args.data, config)
+        .with_context(|| format!("cannot open the data directory {}", args.data.display()))?;
+    let listener = TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}; is another coordinator running there? pick another --listen", args.listen))?;
+    let addr = listener.local_addr()?;
+    // Scripts and tests read this line to learn the port when --listen ends in :0.
+    println!("tessera coordinator listening on {addr}");
+    coord.serve(listener, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// The worker's Blender and its version, or a clear error.
+pub async fn blender_version(blender: &std::path::Path) -> Result<String> {
+    Ok(tessera_worker::blender::blender_version(blender).await?)
+}
+
+async fn worker(url: &str, args: WorkerArgs) -> Result<()> {
+    let version = blender_version(&args.blender).await?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let slots = args.slots.max(1);
+    let name = args.name.unwrap_or_else(|| {
+        std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "worker".into())
+    });
+    let config = tessera_worker::agent::WorkerConfig {
+        coordinator: url.to_string(),
+        name,
+        cache: args.cache,
+        slots,
+        device: "cpu".into(),
+        blender_version: version.clone(),
+        threads: args.threads.or(Some((cores / slots).max(1))),
+    };
+    tracing::info!(blender = %version, slots, "worker starting");
+    let renderer = tessera_worker::blender::BlenderProcess {
+        blender: args.blender,
+        device: tessera_worker::blender::Device::Cpu,
+    };
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: releasing tasks in flight");
+        let _ = tx.send(true);
+    });
+    tessera_worker::agent::run(config, renderer, rx).await?;
+    Ok(())
+}
+
+/// Checks the scene and frames, reading the frame range with Blender when not given.
+pub async fn prepare(job: &JobArgs) -> Result<String> {
+    client::check_scene(&job.scene)?;
+    if job.chunk < 1 {
+        bail!("--chunk {} is not a frame count; use 1 or more frames per task", job.chunk);
+    }
+    let frames = match &job.frames {
+        Some(f) => f.clone(),
+        None => client::scene_frames(&job.blender, &job.scene).await?,
+    };
+    client::check_frames(&frames)?;
+    Ok(frames)
+}
+
+/// Uploads and submits; returns the job id.
+pub async fn submit_job(c: &mut Client, job: &JobArgs, frames: String) -> Result<u64> {
+    let (digest, sent) = client::upload_scene(c, &job.scene).await?;
+    if sent == 0 {
+        eprintln!("scene already on the coordinator; 0 bytes uploaded");
+    } else {
+        eprintln!("uploaded scene: {sent} bytes");
+    }
+    let name = job
+        .scene
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "scene.blend".into());
+    let spec = pb::JobSpec {
+        scene_digest: digest,
+        scene_name: name,
+        frames,
+        chunk: u32::try_from(job.chunk).unwrap_or(u32::MAX),
+        priority: job.priority,
+        max_attempts: job.max_attempts.unwrap_or(0),
+    };
+    let id = c.farm.submit_job(spec).await.map_err(|s| c.explain(s))?.into_inner().job_id;
+    Ok(id)
+}
+
+async fn submit(url: &str, args: SubmitArgs) -> Result<()> {
+    let frames = prepare(&args.job).await?;
+    let mut c = Client::new(url)?;
+    let id = submit_job(&mut c, &args.job, frames).await?;
+    println!("{id}");
+    if args.wait || args.output.is_some() {
+        let job = client::wait(&mut c, id).await?;
+        if let Some(dir) = args.output {
+            let paths = client::fetch(&mut c, &job, &dir).await?;
+            eprintln!("{} frame(s) written to {}", paths.len(), dir.display());
+        }
+    }
+    Ok(())
+}
+
+/// Gives a background task a moment to finish after its shutdown signal.
+pub async fn settle<T>(handle: tokio::task::JoinHandle<T>) {
+    let _ = tokio::time::timeout(Duration::from_secs(5), handle).await;
+}

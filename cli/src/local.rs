@@ -1,0 +1,68 @@
+//! `tessera render`: an embedded coordinator and local worker slots in one
+//! process, for a first render without any set-up.
+
+use anyhow::{Context, Result};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::client::{self, Client};
+use crate::commands::{blender_version, prepare, settle, submit_job};
+use crate::RenderArgs;
+
+/// Renders a scene on this machine through a private farm.
+pub async fn render(args: RenderArgs) -> Result<()> {
+    let frames = prepare(&args.job).await?;
+    let version = blender_version(&args.job.blender).await?;
+    let scratch = tempfile::Builder::new().prefix("tessera-render-").tempdir().context("cannot create a temporary directory")?;
+    let data = args.data.clone().unwrap_or_else(|| scratch.path().join("data"));
+    let coord = tessera_coordinator::Coordinator::open(&data, tessera_coordinator::Config::default())
+        .with_context(|| format!("cannot open the data directory {}", data.display()))?;
+    let listener = TcpListener::bind("127.0.0.1:0").await.context("cannot open a local port")?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let server = {
+        let mut rx = stop_rx.clone();
+        tokio::spawn(async move {
+            let stopped = async move {
+                let _ = rx.wait_for(|s| *s).await;
+            };
+            coord.serve(listener, stopped).await
+        })
+    };
+    let slots = args.workers.max(1);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let config = tessera_worker::agent::WorkerConfig {
+        coordinator: url.clone(),
+        name: "local".into(),
+        cache: scratch.path().join("cache"),
+        slots,
+        device: "cpu".into(),
+        blender_version: version,
+        threads: Some((cores / slots).max(1)),
+    };
+    let renderer = tessera_worker::blender::BlenderProcess {
+        blender: args.job.blender.clone(),
+        device: tessera_worker::blender::Device::Cpu,
+    };
+    let worker = tokio::spawn(tessera_worker::agent::run(config, renderer, stop_rx.clone()));
+    let result = async {
+        let mut c = Client::new(&url)?;
+        let id = submit_job(&mut c, &args.job, frames).await?;
+        let job = tokio::select! {
+            j = client::wait(&mut c, id) => j?,
+            _ = crate::commands::shutdown_signal() => anyhow::bail!("interrupted"),
+        };
+        let paths = client::fetch(&mut c, &job, &args.output).await?;
+        Ok::<_, anyhow::Error>(paths)
+    }
+    .await;
+    let _ = stop_tx.send(true);
+    settle(worker).await;
+    settle(server).await;
+    let paths = result?;
+    eprintln!("{} frame(s) written to {}", paths.len(), args.output.display());
+    for p in &paths {
+        println!("{}", p.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,198 @@
+//! `tessera`: the one binary. Runs a coordinator or a worker, submits and
+//! inspects jobs, or renders locally with an embedded farm.
+
+mod client;
+mod commands;
+mod local;
+mod show;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Tessera: a distributed render farm for Blender Cycles.
+#[derive(Parser, Debug)]
+#[command(name = "tessera", version, about, propagate_version = true)]
+struct Cli {
+    /// Coordinator URL for client commands and workers.
+    #[arg(long, global = true, env = "TESSERA_COORDINATOR", default_value = "http://127.0.0.1:7878")]
+    coordinator: String,
+    /// Log format: human or json.
+    #[arg(long, global = true, default_value = "human", value_parser = ["human", "json"])]
+    log_format: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a coordinator.
+    Coordinator(CoordinatorArgs),
+    /// Run a worker that renders with Blender.
+    Worker(WorkerArgs),
+    /// Submit a scene for rendering; prints the job id.
+    Submit(SubmitArgs),
+    /// List jobs.
+    Jobs(JsonArg),
+    /// Show one job.
+    Status {
+        /// The job id.
+        job: u64,
+        #[command(flatten)]
+        json: JsonArg,
+    },
+    /// Follow a job's progress until it ends.
+    Watch {
+        /// The job id.
+        job: u64,
+    },
+    /// Download a job's frames.
+    Fetch {
+        /// The job id.
+        job: u64,
+        /// Directory for the frames.
+        #[arg(short = 'o', long = "output")]
+        output: PathBuf,
+    },
+    /// Cancel a job.
+    Cancel {
+        /// The job id.
+        job: u64,
+    },
+    /// List workers.
+    Workers(JsonArg),
+    /// Render locally: an embedded coordinator and local worker slots in one process.
+    Render(RenderArgs),
+}
+
+#[derive(Args, Debug)]
+struct JsonArg {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct CoordinatorArgs {
+    /// gRPC listen address.
+    #[arg(long, default_value = "127.0.0.1:7878")]
+    listen: String,
+    /// Data directory (metadata and blobs).
+    #[arg(long, default_value = "tessera-data")]
+    data: PathBuf,
+    /// Lease lifetime without renewal, in seconds.
+    #[arg(long, default_value_t = 30.0)]
+    lease_ttl: f64,
+    /// Most frames in one job.
+    #[arg(long, default_value_t = 100_000)]
+    max_frames: u64,
+    /// Failures a task may have before its job fails (default for jobs).
+    #[arg(long, default_value_t = 3)]
+    max_attempts: u32,
+    /// Largest upload accepted, in MiB.
+    #[arg(long, default_value_t = 8192)]
+    max_upload_mib: u64,
+}
+
+#[derive(Args, Debug)]
+struct WorkerArgs {
+    /// Name shown in `tessera workers` (default: host name).
+    #[arg(long)]
+    name: Option<String>,
+    /// Scene cache directory.
+    #[arg(long, default_value = "tessera-cache")]
+    cache: PathBuf,
+    /// Concurrent render slots.
+    #[arg(long, default_value_t = 1)]
+    slots: u32,
+    /// Render device: cpu or auto (GPU support comes with the hardware probe).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "cpu"])]
+    device: String,
+    /// Blender executable.
+    #[arg(long, env = "TESSERA_BLENDER", default_value = "blender")]
+    blender: PathBuf,
+    /// Render threads per slot (default: cores divided among slots).
+    #[arg(long)]
+    threads: Option<u32>,
+}
+
+/// What a job asks for; shared by `submit` and `render`.
+#[derive(Args, Debug, Clone)]
+struct JobArgs {
+    /// The .blend scene.
+    scene: PathBuf,
+    /// Frames: `7`, `1-250`, `1-100x2`, `1,5,10-20` (default: the scene's frame range).
+    #[arg(long)]
+    frames: Option<String>,
+    /// Frames per task.
+    #[arg(long, default_value_t = 1)]
+    chunk: i64,
+    /// Higher runs first.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    priority: i32,
+    /// Failures a task may have before the job fails (default: the coordinator's).
+    #[arg(long)]
+    max_attempts: Option<u32>,
+    /// Blender executable, used to read the scene's frame range when --frames is absent.
+    #[arg(long, env = "TESSERA_BLENDER", default_value = "blender")]
+    blender: PathBuf,
+}
+
+#[derive(Args, Debug)]
+struct SubmitArgs {
+    #[command(flatten)]
+    job: JobArgs,
+    /// Wait for the job to end, with a progress bar.
+    #[arg(long)]
+    wait: bool,
+    /// Download the frames here when the job is done (implies --wait).
+    #[arg(short = 'o', long = "output")]
+    output: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct RenderArgs {
+    #[command(flatten)]
+    job: JobArgs,
+    /// Local worker slots.
+    #[arg(long, default_value_t = 2)]
+    workers: u32,
+    /// Directory for the frames.
+    #[arg(short = 'o', long = "output")]
+    output: PathBuf,
+    /// Keep the farm's data here instead of a temporary directory.
+    #[arg(long)]
+    data: Option<PathBuf>,
+}
+
+fn init_logging(format: &str, default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let server = matches!(cli.command, Command::Coordinator(_) | Command::Worker(_));
+    init_logging(&cli.log_format, if server { "info" } else { "warn" });
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(commands::run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! Human tables and JSON for jobs and workers.
+
+use serde_json::{json, Value};
+use tessera_proto as pb;
+
+fn job_state(s: i32) -> String {
+    pb::JobState::try_from(s)
+        .map(|s| s.as_str_name().trim_start_matches("JOB_STATE_").to_lowercase())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn task_state(s: i32) -> String {
+    pb::TaskState::try_from(s)
+        .map(|s| s.as_str_name().trim_start_matches("TASK_STATE_").to_lowercase())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn age(ms: u64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let s = now.saturating_sub(ms) / 1000;
+    match s {
+        0..=59 => format!("{s}s ago"),
+        60..=3599 => format!("{}m ago", s / 60),
+        _ => format!("{}h ago", s / 3600),
+    }
+}
+
+/// A job as JSON.
+pub fn job_json(j: &pb::JobView) -> Value {
+    json!({
+        "id": j.id,
+        "scene": j.scene_name,
+        "scene_digest": j.scene_digest,
+        "state": job_state(j.state),
+        "frames": j.frames,
+        "frames_total": j.frames_total,
+        "frames_done": j.outputs.len(),
+        "chunk": j.chunk,
+        "priority": j.priority,
+        "max_attempts": j.max_attempts,
+        "tasks_total": j.tasks_total,
+        "tasks_done": j.tasks_done,
+        "tasks_running": j.tasks_running,
+        "tasks_failed": j.tasks_failed,
+        "message": j.message,
+        "created_ms": j.created_ms,
+        "finished_ms": if j.finished_ms == 0 { Value::Null } else { json!(j.finished_ms) },
+        "outputs": j.outputs.iter().map(|o| json!({"frame": o.frame, "digest": o.digest, "ext": o.ext, "size": o.size})).collect::<Vec<_>>(),
+        "tasks": j.tasks.iter().map(|t| json!({
+            "index": t.index,
+            "frames": t.frames,
+            "state": task_state(t.state),
+            "attempts": t.attempts,
+            "worker": t.worker_id,
+            "frames_done": t.frames_done,
+            "message": t.message,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// A worker as JSON.
+pub fn worker_json(w: &pb::WorkerView) -> Value {
+    json!({
+        "id": w.id,
+        "name": w.name,
+        "state": w.state,
+        "slots": w.slots,
+        "device": w.device,
+        "blender": w.blender_version,
+        "cpu_cores": w.cpu_cores,
+        "tasks_running": w.tasks_running,
+        "tasks_done": w.tasks_done,
+        "tasks_failed": w.tasks_failed,
+        "last_seen_ms": w.last_seen_ms,
+    })
+}
+
+/// Prints rows as aligned columns.
+fn table(header: &[&str], rows: Vec<Vec<String>>) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let parts: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        println!("{}", parts.join("  ").trim_end());
+    };
+    line(header.iter().map(|h| h.to_string()).collect());
+    for r in rows {
+        line(r);
+    }
+}
+
+/// The jobs table.
+pub fn jobs(jobs: &[pb::JobView]) {
+    if jobs.is_empty() {
+        println!("no jobs; submit one with `tessera submit SCENE.blend`");
+        return;
+    }
+    let rows = jobs
+        .iter()
+        .map(|j| {
+            vec![
+                j.id.to_string(),
+                job_state(j.state),
+                format!("{}/{}", j.outputs.len(), j.frames_total),
+                j.frames.clone(),
+                j.priority.to_string(),
+                j.scene_name.clone(),
+                age(j.created_ms),
+            ]
+        })
+        .collect();
+    table(&["ID", "STATE", "DONE", "FRAMES", "PRIO", "SCENE", "SUBMITTED"], rows);
+}
+
+/// One job in detail.
+pub fn job(j: &pb::JobView) {
+    println!("job {}  {}", j.id, job_state(j.state));
+    println!("  scene     {} ({})", j.scene_name, &j.scene_digest[..j.scene_digest.len().min(16)]);
+    println!("  frames    {}  ({} done of {})", j.frames, j.outputs.len(), j.frames_total);
+    println!("  tasks     {} done, {} running, {} failed, {} total  (chunk {})", j.tasks_done, j.tasks_running, j.tasks_failed, j.tasks_total, j.chunk);
+    println!("  priority  {}   max attempts {}", j.priority, j.max_attempts);
+    println!("  submitted {}", age(j.created_ms));
+    if !j.message.is_empty() {
+        println!("  message   {}", j.message.replace('\n', "\n            "));
+    }
+    println!();
+    let rows = j
+        .tasks
+        .iter()
+        .map(|t| {
+            let frames = match t.frames.as_slice() {
+                [one] => one.to_string(),
+                [first, .., last] => format!("{first}-{last}"),
+                [] => String::new(),
+            };
+            let first_line = t.message.lines().next().unwrap_or("").chars().take(80).collect::<String>();
+            vec![
+                t.index.to_string(),
+                frames,
+                task_state(t.state),
+                t.worker_id.clone(),
+                t.attempts.to_string(),
+                first_line,
+            ]
+        })
+        .collect();
+    table(&["TASK", "FRAMES", "STATE", "WORKER", "FAILURES", "LAST ERROR"], rows);
+}
+
+/// The workers table.
+pub fn workers(workers: &[pb::WorkerView]) {
+    if workers.is_empty() {
+        println!("no workers; start one with `tessera worker --coordinator URL`");
+        return;
+    }
+    let rows = workers
+        .iter()
+        .map(|w| {
+            vec![
+                w.id.clone(),
+                w.name.clone(),
+                w.state.clone(),
+                format!("{}/{}", w.tasks_running, w.slots),
+                w.tasks_done.to_string(),
+                w.tasks_failed.to_string(),
+                w.device.clone(),
+                w.blender_version.clone(),
+                age(w.last_seen_ms),
+            ]
+        })
+        .collect();
+    table(&["ID", "NAME", "STATE", "BUSY", "DONE", "FAILED", "DEVICE", "BLENDER", "LAST SEEN"], rows);
+}

@@ -1,0 +1,64 @@
+//! Recognising Blender files by their first bytes, before anything is uploaded
+//! or rendered.
+
+/// How a `.blend` file is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlendKind {
+    /// Plain: `BLENDER` then pointer size, endianness and a 3-digit version.
+    Plain,
+    /// gzip-compressed (Blender before 3.0).
+    Gzip,
+    /// zstd-compressed (Blender 3.0 and later).
+    Zstd,
+}
+
+/// Why bytes are not a Blender file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotBlend {
+    /// Too short to hold a header.
+    #[error("is empty or truncated ({0} bytes); re-save it in Blender")]
+    TooShort(usize),
+    /// A header that is not Blender's.
+    #[error("is not a Blender file (bad header); re-save it in Blender as a .blend file")]
+    BadHeader,
+}
+
+/// Looks at the first bytes of a file (12 are enough) and says what it is.
+pub fn sniff(head: &[u8]) -> Result<BlendKind, NotBlend> {
+    if head.starts_with(&[0x1f, 0x8b]) && head.len() >= 12 {
+        return Ok(BlendKind::Gzip);
+    }
+    if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) && head.len() >= 12 {
+        return Ok(BlendKind::Zstd);
+    }
+    if head.len() < 12 {
+        return Err(NotBlend::TooShort(head.len()));
+    }
+    let ok = head.starts_with(b"BLENDER")
+        && matches!(head[7], b'_' | b'-')
+        && matches!(head[8], b'v' | b'V')
+        && head[9..12].iter().all(u8::is_ascii_digit);
+    if ok {
+        Ok(BlendKind::Plain)
+    } else {
+        Err(NotBlend::BadHeader)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers() {
+        assert_eq!(sniff(b"BLENDER-v304REND"), Ok(BlendKind::Plain));
+        assert_eq!(sniff(b"BLENDER_V279xxxx"), Ok(BlendKind::Plain));
+        assert_eq!(sniff(&[0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0, 0, 0, 0, 0, 0]), Ok(BlendKind::Zstd));
+        assert_eq!(sniff(&[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0]), Ok(BlendKind::Gzip));
+        assert_eq!(sniff(b""), Err(NotBlend::TooShort(0)));
+        assert_eq!(sniff(b"BLENDER-v3"), Err(NotBlend::TooShort(10)));
+        assert_eq!(sniff(b"BLENDER-x304...."), Err(NotBlend::BadHeader));
+        assert_eq!(sniff(b"\x89PNG\r\n\x1a\n0000"), Err(NotBlend::BadHeader));
+        assert!(NotBlend::BadHeader.to_string().contains("re-save it in Blender"));
+    }
+}

@@ -1,0 +1,165 @@
+//! Conversions between domain types and protocol messages.
+
+use tessera_proto as pb;
+
+use crate::digest::Digest;
+use crate::error::Error;
+use crate::farm::{Assignment, JobSnapshot, Registration, Submission, WorkerSnapshot};
+use crate::job::{JobId, JobState};
+use crate::task::{FrameOutput, TaskState};
+use crate::worker::WorkerId;
+
+/// Parses a digest field, naming the field on error.
+pub fn digest(field: &str, s: &str) -> Result<Digest, Error> {
+    s.parse()
+        .map_err(|e| Error::invalid(format!("{field}: {e}")))
+}
+
+impl TryFrom<pb::JobSpec> for Submission {
+    type Error = Error;
+
+    fn try_from(s: pb::JobSpec) -> Result<Self, Error> {
+        Ok(Self {
+            scene: digest("scene_digest", &s.scene_digest)?,
+            scene_name: s.scene_name,
+            frames: s.frames,
+            chunk: s.chunk,
+            priority: s.priority,
+            max_attempts: s.max_attempts,
+        })
+    }
+}
+
+impl From<pb::WorkerInfo> for Registration {
+    fn from(w: pb::WorkerInfo) -> Self {
+        Self {
+            name: w.name,
+            slots: w.slots,
+            device: w.device,
+            blender_version: w.blender_version,
+            cpu_cores: w.cpu_cores,
+            previous: (!w.previous_id.is_empty()).then_some(WorkerId(w.previous_id)),
+        }
+    }
+}
+
+impl TryFrom<pb::FrameOutput> for FrameOutput {
+    type Error = Error;
+
+    fn try_from(o: pb::FrameOutput) -> Result<Self, Error> {
+        Ok(Self {
+            frame: o.frame,
+            digest: digest("digest", &o.digest)?,
+            ext: o.ext,
+            size: o.size,
+        })
+    }
+}
+
+impl From<&FrameOutput> for pb::FrameOutput {
+    fn from(o: &FrameOutput) -> Self {
+        Self {
+            frame: o.frame,
+            digest: o.digest.to_hex(),
+            ext: o.ext.clone(),
+            size: o.size,
+        }
+    }
+}
+
+impl From<JobState> for pb::JobState {
+    fn from(s: JobState) -> Self {
+        match s {
+            JobState::Queued => Self::Queued,
+            JobState::Running => Self::Running,
+            JobState::Done => Self::Done,
+            JobState::Failed => Self::Failed,
+            JobState::Canceled => Self::Canceled,
+        }
+    }
+}
+
+impl From<&JobSnapshot> for pb::JobView {
+    fn from(s: &JobSnapshot) -> Self {
+        let j = &s.job;
+        let count = |f: fn(&TaskState) -> bool| s.tasks.iter().filter(|t| f(&t.state)).count() as u32;
+        let tasks = s
+            .tasks
+            .iter()
+            .map(|t| pb::TaskView {
+                index: t.index,
+                frames: t.frames.clone(),
+                state: match t.state {
+                    TaskState::Queued => pb::TaskState::Queued,
+                    TaskState::Leased { .. } => pb::TaskState::Leased,
+                    TaskState::Done { .. } => pb::TaskState::Done,
+                    TaskState::Failed { .. } => pb::TaskState::Failed,
+                    TaskState::Canceled => pb::TaskState::Canceled,
+                } as i32,
+                attempts: t.failures,
+                worker_id: t.holder().map(|w| w.0.clone()).unwrap_or_default(),
+                message: t.message.clone(),
+                frames_done: t.frames_done,
+            })
+            .collect();
+        Self {
+            id: j.id.0,
+            scene_name: j.scene_name.clone(),
+            scene_digest: j.scene.to_hex(),
+            frames: j.frames.clone(),
+            chunk: j.chunk,
+            priority: j.priority,
+            state: pb::JobState::from(j.state) as i32,
+            frames_total: j.frame_count,
+            tasks_total: j.task_count,
+            tasks_done: count(|s| matches!(s, TaskState::Done { .. })),
+            tasks_running: count(|s| matches!(s, TaskState::Leased { .. })),
+            tasks_failed: count(|s| matches!(s, TaskState::Failed { .. })),
+            message: j.message.clone(),
+            created_ms: j.created_ms,
+            finished_ms: j.finished_ms.unwrap_or(0),
+            outputs: s.outputs().iter().map(Into::into).collect(),
+            tasks,
+            max_attempts: j.max_attempts,
+        }
+    }
+}
+
+impl From<&WorkerSnapshot> for pb::WorkerView {
+    fn from(w: &WorkerSnapshot) -> Self {
+        let r = &w.record;
+        Self {
+            id: r.id.0.clone(),
+            name: r.name.clone(),
+            slots: r.slots,
+            device: r.device.clone(),
+            blender_version: r.blender_version.clone(),
+            state: if w.online { "online" } else { "offline" }.into(),
+            last_seen_ms: r.last_seen_ms,
+            tasks_running: w.running,
+            tasks_done: r.tasks_done,
+            tasks_failed: r.tasks_failed,
+            cpu_cores: r.cpu_cores,
+        }
+    }
+}
+
+impl From<&Assignment> for pb::TaskAssignment {
+    fn from(a: &Assignment) -> Self {
+        Self {
+            lease_id: a.lease.to_string(),
+            job_id: a.lease.job.0,
+            task_index: a.lease.task,
+            scene_digest: a.scene.to_hex(),
+            scene_name: a.scene_name.clone(),
+            frames: a.frames.clone(),
+            attempt: a.attempt,
+            lease_ttl_ms: a.ttl_ms.min(u64::from(u32::MAX)) as u32,
+        }
+    }
+}
+
+/// A job id from a request.
+pub fn job_id(r: &pb::JobRef) -> JobId {
+    JobId(r.job_id)
+}

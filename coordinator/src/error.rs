@@ -1,0 +1,53 @@
+//! The coordinator's error type. Callers decide on the variant, never on the text.
+
+/// What went wrong in the coordinator's domain layer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The request is malformed or breaks a limit; the message says how to fix it.
+    #[error("{0}")]
+    Invalid(String),
+    /// A job, task, worker or blob that does not exist.
+    #[error("{0} not found")]
+    NotFound(String),
+    /// The request conflicts with the current state (e.g. cancelling a finished job).
+    #[error("{0}")]
+    Conflict(String),
+    /// The lease is no longer held by the caller (expired, reassigned, cancelled).
+    #[error("lease {0} is no longer valid; the task was reassigned or its job ended")]
+    LeaseLost(String),
+    /// The durable store failed; nothing was acknowledged.
+    #[error("metadata store: {0}")]
+    Store(String),
+    /// A file-system operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// An invalid-input error.
+    pub fn invalid(msg: impl Into<String>) -> Self {
+        Self::Invalid(msg.into())
+    }
+
+    /// An I/O error with context.
+    pub fn io(context: String, source: std::io::Error) -> Self {
+        Self::Io { context, source }
+    }
+}
+
+impl From<sled::Error> for Error {
+    fn from(e: sled::Error) -> Self {
+        Self::Store(e.to_string())
+    }
+}
+
+impl From<serde_json::Error> for Error {
+    fn from(e: serde_json::Error) -> Self {
+        Self::Store(format!("corrupt record: {e}"))
+    }
+}

@@ -1,0 +1,833 @@
+//! The coordinator's domain layer: jobs, tasks, leases and workers in one place,
+//! with every change written to the [`MetaStore`] before it is acknowledged.
+//!
+//! State is held in memory behind one mutex and written through to the store;
+//! at start-up it is read back whole. Lease renewals are not written (they
+//! would cost a disk flush each); instead, a restart gives every lease a fresh
+//! TTL so its holder has time to reconnect and renew it.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::blob_store::BlobStore;
+use crate::clock::Clock;
+use crate::digest::Digest;
+use crate::error::Error;
+use crate::frames::FrameSet;
+use crate::job::{Job, JobId, JobState};
+use crate::store::{MetaStore, Record};
+use crate::task::{Completion, FailOutcome, FrameOutput, LeaseId, Task, TaskState};
+use crate::worker::{WorkerId, WorkerRecord};
+
+/// Limits and timings of a coordinator.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// How long a lease lives without renewal.
+    pub lease_ttl_ms: u64,
+    /// Most frames in one job.
+    pub max_frames: u64,
+    /// Default failures a task may have before its job fails.
+    pub max_attempts: u32,
+    /// Largest upload accepted, in bytes.
+    pub max_upload: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            lease_ttl_ms: 30_000,
+            max_frames: 100_000,
+            max_attempts: 3,
+            max_upload: 8 << 30,
+        }
+    }
+}
+
+/// A job as submitted.
+#[derive(Debug, Clone)]
+pub struct Submission {
+    /// The scene blob, uploaded beforehand.
+    pub scene: Digest,
+    /// The scene's file name, for display.
+    pub scene_name: String,
+    /// Frame set syntax.
+    pub frames: String,
+    /// Frames per task (0 = 1).
+    pub chunk: u32,
+    /// Higher runs first.
+    pub priority: i32,
+    /// Failures a task may have (0 = the coordinator's default).
+    pub max_attempts: u32,
+}
+
+/// What a worker is told to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    /// The grant.
+    pub lease: LeaseId,
+    /// The scene blob.
+    pub scene: Digest,
+    /// The scene's file name.
+    pub scene_name: String,
+    /// Frames to render.
+    pub frames: Vec<u32>,
+    /// 1 for the first attempt.
+    pub attempt: u32,
+    /// Lease TTL.
+    pub ttl_ms: u64,
+}
+
+/// What a worker says about itself when it registers.
+#[derive(Debug, Clone, Default)]
+pub struct Registration {
+    /// Display name.
+    pub name: String,
+    /// Render slots.
+    pub slots: u32,
+    /// Device kind.
+    pub device: String,
+    /// Blender version line.
+    pub blender_version: String,
+    /// CPU cores.
+    pub cpu_cores: u32,
+    /// The id it had before, if it is coming back.
+    pub previous: Option<WorkerId>,
+}
+
+/// A job with its tasks, as shown to users.
+#[derive(Debug, Clone)]
+pub struct JobSnapshot {
+    /// The job.
+    pub job: Job,
+    /// Its tasks, by index.
+    pub tasks: Vec<Task>,
+}
+
+impl JobSnapshot {
+    /// Every rendered frame, by frame number.
+    pub fn outputs(&self) -> Vec<FrameOutput> {
+        let mut out: Vec<FrameOutput> = self
+            .tasks
+            .iter()
+            .filter_map(|t| match &t.state {
+                TaskState::Done { outputs } => Some(outputs.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        out.sort_by_key(|o| o.frame);
+        out
+    }
+}
+
+/// A worker as shown to users.
+#[derive(Debug, Clone)]
+pub struct WorkerSnapshot {
+    /// The record.
+    pub record: WorkerRecord,
+    /// Whether it has been in touch within two lease TTLs.
+    pub online: bool,
+    /// Tasks it holds now.
+    pub running: u32,
+}
+
+#[derive(Default)]
+struct State {
+    jobs: BTreeMap<JobId, Job>,
+    tasks: BTreeMap<JobId, Vec<Task>>,
+    workers: BTreeMap<WorkerId, WorkerRecord>,
+    next_job: u64,
+    next_worker: u64,
+}
+
+/// The coordinator's domain service.
+pub struct Farm {
+    state: Mutex<State>,
+    store: Arc<dyn MetaStore>,
+    blobs: Arc<dyn BlobStore>,
+    clock: Arc<dyn Clock>,
+    config: Config,
+    queued: Notify,
+}
+
+impl Farm {
+    /// Opens the farm on `store`, recovering everything it holds.
+    pub fn open(
+        store: Arc<dyn MetaStore>,
+        blobs: Arc<dyn BlobStore>,
+        clock: Arc<dyn Clock>,
+        config: Config,
+    ) -> Result<Self, Error> {
+        let snap = store.load()?;
+        let now = clock.now_ms();
+        let mut state = State {
+            next_job: snap.jobs.keys().last().map_or(1, |id| id.0 + 1),
+            next_worker: snap.workers.len() as u64 + 1,
+            jobs: snap.jobs,
+            tasks: snap.tasks,
+            workers: snap.workers,
+        };
+        for task in state.tasks.values_mut().flatten() {
+            if let TaskState::Leased { expires_ms, .. } = &mut task.state {
+                *expires_ms = (*expires_ms).max(now + config.lease_ttl_ms);
+            }
+        }
+        let open = state.jobs.values().filter(|j| !j.state.is_final()).count();
+        tracing::info!(jobs = state.jobs.len(), open, workers = state.workers.len(), "recovered state");
+        Ok(Self {
+            state: Mutex::new(state),
+            store,
+            blobs,
+            clock,
+            config,
+            queued: Notify::new(),
+        })
+    }
+
+    /// The coordinator's limits.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The blob store.
+    pub fn blobs(&self) -> &Arc<dyn BlobStore> {
+        &self.blobs
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock leaves state that was never written
+        // half-changed in memory only; the store is the truth, so carry on.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Accepts a job: validates it, splits it into tasks and stores it.
+    pub fn submit(&self, sub: Submission) -> Result<JobId, Error> {
+        let frames = FrameSet::parse(&sub.frames, self.config.max_frames).map_err(|e| Error::Invalid(e.to_string()))?;
+        if !self.blobs.contains(&sub.scene) {
+            return Err(Error::invalid(format!(
+                "scene {} has not been uploaded; upload it before submitting (tessera submit does this)",
+                sub.scene
+            )));
+        }
+        let head = self.blobs.read_range(&sub.scene, 0, 12)?;
+        if let Err(e) = crate::blendfile::sniff(&head) {
+            return Err(Error::invalid(format!("scene {} {e}", sub.scene_name)));
+        }
+        let chunk = if sub.chunk == 0 { 1 } else { sub.chunk };
+        let max_attempts = match sub.max_attempts {
+            0 => self.config.max_attempts,
+            n if n > 100 => return Err(Error::invalid("max attempts is over 100; use a smaller number")),
+            n => n,
+        };
+        let name: String = sub.scene_name.chars().filter(|c| !c.is_control()).take(200).collect();
+        let chunks = frames.chunks(chunk);
+        let now = self.clock.now_ms();
+        let mut st = self.lock();
+        let id = JobId(st.next_job);
+        let job = Job {
+            id,
+            scene: sub.scene,
+            scene_name: if name.is_empty() { "scene.blend".into() } else { name },
+            frames: frames.to_string(),
+            frame_count: frames.len() as u32,
+            chunk,
+            priority: sub.priority,
+            max_attempts,
+            task_count: chunks.len() as u32,
+            state: JobState::Queued,
+            message: String::new(),
+            created_ms: now,
+            finished_ms: None,
+        };
+        let tasks: Vec<Task> = chunks
+            .into_iter()
+            .enumerate()
+            .map(|(i, f)| Task::new(id, i as u32, f))
+            .collect();
+        let mut records: Vec<Record<'_>> = tasks.iter().map(Record::Task).collect();
+        records.push(Record::Job(&job));
+        self.store.write(&records)?;
+        st.next_job += 1;
+        tracing::info!(job = %id, scene = %job.scene_name, frames = %job.frames, tasks = tasks.len(), "job submitted");
+        st.jobs.insert(id, job);
+        st.tasks.insert(id, tasks);
+        drop(st);
+        self.queued.notify_waiters();
+        Ok(id)
+    }
+
+    /// One job and its tasks.
+    pub fn job(&self, id: JobId) -> Result<JobSnapshot, Error> {
+        let st = self.lock();
+        let job = st.jobs.get(&id).ok_or_else(|| Error::NotFound(format!("job {id}")))?;
+        Ok(JobSnapshot {
+            job: job.clone(),
+            tasks: st.tasks.get(&id).cloned().unwrap_or_default(),
+        })
+    }
+
+    /// Every job, oldest first.
+    pub fn jobs(&self) -> Vec<JobSnapshot> {
+        let st = self.lock();
+        st.jobs
+            .values()
+            .map(|job| JobSnapshot {
+                job: job.clone(),
+                tasks: st.tasks.get(&job.id).cloned().unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    /// Cancels a job: its queued and running tasks stop.
+    pub fn cancel(&self, id: JobId) -> Result<JobSnapshot, Error> {
+        let now = self.clock.now_ms();
+        let mut st = self.lock();
+        let State { jobs, tasks, .. } = &mut *st;
+        let job = jobs.get_mut(&id).ok_or_else(|| Error::NotFound(format!("job {id}")))?;
+        let mut new_job = job.clone();
+        new_job.cancel(now)?;
+        let mut new_tasks = tasks.get(&id).cloned().unwrap_or_default();
+        new_tasks.iter_mut().for_each(Task::cancel);
+        let mut records: Vec<Record<'_>> = new_tasks.iter().map(Record::Task).collect();
+        records.push(Record::Job(&new_job));
+        self.store.write(&records)?;
+        tracing::info!(job = %id, "job canceled");
+        *job = new_job.clone();
+        tasks.insert(id, new_tasks.clone());
+        Ok(JobSnapshot {
+            job: new_job,
+            tasks: new_tasks,
+        })
+    }
+
+    /// Registers a worker (or welcomes one back) and returns its id and the lease TTL.
+    pub fn register(&self, reg: Registration) -> Result<(WorkerId, u64), Error> {
+        let now = self.clock.now_ms();
+        let mut st = self.lock();
+        let id = match reg.previous.filter(|p| st.workers.contains_key(p)) {
+            Some(p) => p,
+            None => {
+                let n = st.next_worker;
+                let mut id;
+                let mut k = n;
+                loop {
+                    id = WorkerId(format!("w{k}"));
+                    if !st.workers.contains_key(&id) {
+                        break;
+                    }
+                    k += 1;
+                }
+                st.next_worker = k + 1;
+                id
+            }
+        };
+        let old = st.workers.get(&id);
+        let record = WorkerRecord {
+            id: id.clone(),
+            name: reg.name.chars().filter(|c| !c.is_control()).take(100).collect(),
+            slots: reg.slots.clamp(1, 1024),
+            device: reg.device,
+            blender_version: reg.blender_version,
+            cpu_cores: reg.cpu_cores,
+            registered_ms: now,
+            last_seen_ms: now,
+            tasks_done: old.map_or(0, |o| o.tasks_done),
+            tasks_failed: old.map_or(0, |o| o.tasks_failed),
+        };
+        self.store.write(&[Record::Worker(&record)])?;
+        tracing::info!(worker = %id, name = %record.name, slots = record.slots, "worker registered");
+        st.workers.insert(id.clone(), record);
+        Ok((id, self.config.lease_ttl_ms))
+    }
+
+    fn touch(st: &mut State, worker: &WorkerId, now: u64) -> Result<(), Error> {
+        let w = st
+            .workers
+            .get_mut(worker)
+            .ok_or_else(|| Error::NotFound(format!("worker {worker} (register again)")))?;
+        w.last_seen_ms = now;
+        Ok(())
+    }
+
+    fn online(&self, w: &WorkerRecord, now: u64) -> bool {
+        now.saturating_sub(w.last_seen_ms) <= 2 * self.config.lease_ttl_ms
+    }
+
+    /// Leases the best task for `worker` now, if any.
+    pub fn try_lease(&self, worker: &WorkerId, cached: &HashSet<Digest>) -> Result<Option<Assignment>, Error> {
+        let now = self.clock.now_ms();
+        let mut st = self.lock();
+        Self::touch(&mut st, worker, now)?;
+        let online = st.workers.values().filter(|w| self.online(w, now)).count();
+        let Some((job_id, index)) = pick(&st, worker, cached, online) else {
+            return Ok(None);
+        };
+        let State { jobs, tasks, .. } = &mut *st;
+        let job = jobs.get_mut(&job_id).expect("picked job exists");
+        let task = &mut tasks.get_mut(&job_id).expect("picked job has tasks")[index];
+        let mut new_task = task.clone();
+        let lease = new_task.lease(worker, now, self.config.lease_ttl_ms)?;
+        let mut new_job = job.clone();
+        new_job.start()?;
+        self.store.write(&[Record::Task(&new_task), Record::Job(&new_job)])?;
+        tracing::info!(lease = %lease, worker = %worker, frames = ?new_task.frames, "task leased");
+        let assignment = Assignment {
+            lease,
+            scene: job.scene,
+            scene_name: job.scene_name.clone(),
+            frames: new_task.frames.clone(),
+            attempt: new_task.failures + 1,
+            ttl_ms: self.config.lease_ttl_ms,
+        };
+        *task = new_task;
+        *job = new_job;
+        Ok(Some(assignment))
+    }
+
+    /// Leases a task for `worker`, waiting up to `wait` for one to become ready.
+    pub async fn lease(
+        &self,
+        worker: &WorkerId,
+        cached: &HashSet<Digest>,
+        wait: Duration,
+    ) -> Result<Option<Assignment>, Error> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.queued.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(a) = self.try_lease(worker, cached)? {
+                return Ok(Some(a));
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Copies of the task named by `lease` and of its job, for a change to
+    /// be computed on before it is written.
+    fn find(st: &State, lease: LeaseId) -> Result<(Task, Job), Error> {
+        let job = st.jobs.get(&lease.job).ok_or_else(|| Error::NotFound(format!("job {}", lease.job)))?;
+        let task = st
+            .tasks
+            .get(&lease.job)
+            .and_then(|t| t.get(lease.task as usize))
+            .ok_or_else(|| Error::NotFound(format!("task {}.{}", lease.job, lease.task)))?;
+        Ok((task.clone(), job.clone()))
+    }
+
+    /// Writes changed records, then installs them in memory.
+    fn apply(
+        &self,
+        st: &mut State,
+        changed: Vec<Task>,
+        job: Job,
+        worker: Option<(&WorkerId, bool)>,
+    ) -> Result<(), Error> {
+        let worker_rec = worker.and_then(|(w, ok)| {
+            st.workers.get(w).cloned().map(|mut r| {
+                if ok {
+                    r.tasks_done += 1;
+                } else {
+                    r.tasks_failed += 1;
+                }
+                r
+            })
+        });
+        let mut records: Vec<Record<'_>> = changed.iter().map(Record::Task).collect();
+        if let Some(r) = worker_rec.as_ref() {
+            records.push(Record::Worker(r));
+        }
+        records.push(Record::Job(&job));
+        self.store.write(&records)?;
+        let list = st.tasks.get_mut(&job.id).expect("job has tasks");
+        for t in changed {
+            let i = t.index as usize;
+            list[i] = t;
+        }
+        if let Some(r) = worker_rec {
+            st.workers.insert(r.id.clone(), r);
+        }
+        st.jobs.insert(job.id, job);
+        Ok(())
+    }
+
+    /// Renews a lease and records progress. Returns whether the holder should
+    /// keep going (false when the lease was lost or the job ended).
+    pub fn progress(&self, lease: LeaseId, frames_done: u32) -> Result<bool, Error> {
+        let now = self.clock.now_ms();
+        let mut st = self.lock();
+        let ttl = self.config.lease_ttl_ms;
+        let State { tasks, workers, .. } = &mut *st;
+        let Some(task) = tasks.get_mut(&lease.job).and_then(|t| t.get_mut(lease.task as usize)) else {
+            return Ok(false);
+        };
+        if let Some(w) = task.holder().and_then(|h| workers.get_mut(h)) {
+            w.last_seen_ms = now;
+        }
+        Ok(task.renew(lease.grant, frames_done, now, ttl).is_ok())
+    }
+
+    /// Records a task's result. Every output blob must already be stored.
+    pub fn complete(&self, lease: LeaseId, outputs: Vec<FrameOutput>) -> Result<Completion, Error> {
+        for o in &outputs {
+            if !self.blobs.contains(&o.digest) {
+                return Err(Error::invalid(format!(
+                    "frame {} names blob {} which was not uploaded; upload it first",
+                    o.frame, o.digest
+                )));
+            }
+            if o.ext.is_empty() || o.ext.len() > 8 || !o.ext.bytes().all(|b| b.is_ascii_alphanumeric()) {
+                return Err(Error::invalid(format!("`{}` is not a file extension", o.ext)));
+            }
+        }
+        let now = self.clock.now_ms();
+        let mut st = self.lock();
+        let (mut task, mut job) = Self::find(&st, lease)?;
+        let holder = task.holder().cloned();
+        let completion = task.complete(lease.grant, outputs)?;
+        if completion == Completion::Duplicate {
+            tracing::info!(lease = %lease, "duplicate result ignored");
+            return Ok(completion);
+        }
+        let all_done = st.tasks[&lease.job].iter().all(|t| t.index == task.index || t.is_done());
+        tracing::info!(lease = %lease, "task done");
+        if all_done && !job.state.is_final() {
+            job.finish(now)?;
+            tracing::info!(job = %job.id, "job done");
+        }
+        self.apply(&mut st, vec![task], job, holder.as_ref().map(|h| (h, true)))?;
+        Ok(completion)
+    }
+
+    /// Records a failed attempt; the task is retried elsewhere or, out of
+    /// attempts, fails its job.
+    pub fn fail(&self, lease: LeaseId, reason: &str, log_tail: &str) -> Result<FailOutcome, Error> {
+        let reason: String = reason.chars().take(2000).collect();
+        let tail: String = {
+            let chars: Vec<char> = log_tail.chars().collect();
+            chars[chars.len().saturating_sub(8000)..].iter().collect()
+        };
+        let message = if tail.trim().is_empty() {
+            reason.clone()
+        } else {
+            format!("{reason}\n--- blender log (tail) ---\n{}", tail.trim_end())
+        };
+        let now = self.clock.now_ms();
+        let mut st = self.lock();
+        let (mut task, mut job) = Self::find(&st, lease)?;
+        let holder = task.holder().cloned();
+        let outcome = task.fail(lease.grant, message.clone(), job.max_attempts)?;
+        let mut changed = Vec::new();
+        if outcome == FailOutcome::Failed && !job.state.is_final() {
+            job.fail(
+                format!("frames {:?} failed {} times; last error: {}", task.frames, task.failures, message),
+                now,
+            )?;
+            changed = st.tasks[&lease.job]
+                .iter()
+                .filter(|t| t.index != task.index)
+                .cloned()
+                .map(|mut t| {
+                    t.cancel();
+                    t
+                })
+                .collect();
+            tracing::warn!(job = %job.id, "job failed: {reason}");
+        } else {
+            tracing::warn!(lease = %lease, "task failed, will retry: {reason}");
+        }
+        changed.push(task);
+        self.apply(&mut st, changed, job, holder.as_ref().map(|h| (h, false)))?;
+        drop(st);
+        self.queued.notify_waiters();
+        Ok(outcome)
+    }
+
+    /// Gives a task back without charging an attempt (worker shutting down).
+    pub fn release(&self, lease: LeaseId) -> Result<(), Error> {
+        let mut st = self.lock();
+        let (mut task, job) = Self::find(&st, lease)?;
+        task.release(lease.grant)?;
+        self.apply(&mut st, vec![task], job, None)?;
+        drop(st);
+        tracing::info!(lease = %lease, "task released");
+        self.queued.notify_waiters();
+        Ok(())
+    }
+
+    /// Puts every task whose lease has run out back in the queue.
+    pub fn expire_leases(&self) -> Result<usize, Error> {
+        let now = self.clock.now_ms();
+        let mut st = self.lock();
+        let mut expired: Vec<Task> = Vec::new();
+        for task in st.tasks.values().flatten() {
+            let mut t = task.clone();
+            if t.expire(now) {
+                tracing::warn!(job = %t.job, task = t.index, holder = ?task.holder(), "lease expired; task back in the queue");
+                expired.push(t);
+            }
+        }
+        if expired.is_empty() {
+            return Ok(0);
+        }
+        let records: Vec<Record<'_>> = expired.iter().map(Record::Task).collect();
+        self.store.write(&records)?;
+        let n = expired.len();
+        for t in expired {
+            let (job, i) = (t.job, t.index as usize);
+            st.tasks.get_mut(&job).expect("job exists")[i] = t;
+        }
+        drop(st);
+        self.queued.notify_waiters();
+        Ok(n)
+    }
+
+    /// Every worker.
+    pub fn workers(&self) -> Vec<WorkerSnapshot> {
+        let now = self.clock.now_ms();
+        let st = self.lock();
+        st.workers
+            .values()
+            .map(|w| WorkerSnapshot {
+                record: w.clone(),
+                online: self.online(w, now),
+                running: st.tasks.values().flatten().filter(|t| t.holder() == Some(&w.id)).count() as u32,
+            })
+            .collect()
+    }
+}
+
+/// Chooses the next task for `worker`: priority first; among equal priority
+/// the job with the fewest running tasks (fair share), then the one whose
+/// scene the worker has cached, then the oldest. A task that failed on this
+/// worker goes to another unless every online worker has failed it.
+fn pick(st: &State, worker: &WorkerId, cached: &HashSet<Digest>, online: usize) -> Option<(JobId, usize)> {
+    let mut candidates: Vec<(&Job, usize)> = st
+        .jobs
+        .values()
+        .filter(|j| !j.state.is_final())
+        .map(|j| {
+            let running = st.tasks[&j.id].iter().filter(|t| t.holder().is_some()).count();
+            (j, running)
+        })
+        .collect();
+    candidates.sort_by_key(|(j, running)| (std::cmp::Reverse(j.priority), *running, !cached.contains(&j.scene), j.id));
+    for (job, _) in candidates {
+        let found = st.tasks[&job.id].iter().position(|t| {
+            t.state == TaskState::Queued && (!t.failed_on.contains(worker) || t.failed_on.len() >= online.max(1))
+        });
+        if let Some(i) = found {
+            return Some((job.id, i));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blob_store::MemoryBlobStore;
+    use crate::clock::ManualClock;
+    use crate::store::MemoryStore;
+
+    struct Fixture {
+        farm: Farm,
+        clock: Arc<ManualClock>,
+        store: Arc<MemoryStore>,
+        blobs: Arc<MemoryBlobStore>,
+        scene: Digest,
+    }
+
+    fn fixture() -> Fixture {
+        let clock = Arc::new(ManualClock::at(1_000_000));
+        let store = Arc::new(MemoryStore::default());
+        let blobs = Arc::new(MemoryBlobStore::default());
+        let scene = Digest::of(b"BLENDER-v304 scene");
+        blobs.put(scene, b"BLENDER-v304 scene").unwrap();
+        let farm = Farm::open(store.clone(), blobs.clone(), clock.clone(), config()).unwrap();
+        Fixture {
+            farm,
+            clock,
+            store,
+            blobs,
+            scene,
+        }
+    }
+
+    fn config() -> Config {
+        Config {
+            lease_ttl_ms: 1000,
+            max_frames: 1000,
+            max_attempts: 2,
+            max_upload: 1 << 20,
+        }
+    }
+
+    fn sub(scene: Digest, frames: &str, chunk: u32) -> Submission {
+        Submission {
+            scene,
+            scene_name: "s.blend".into(),
+            frames: frames.into(),
+            chunk,
+            priority: 0,
+            max_attempts: 0,
+        }
+    }
+
+    fn worker(farm: &Farm, name: &str) -> WorkerId {
+        farm.register(Registration {
+            name: name.into(),
+            slots: 1,
+            ..Default::default()
+        })
+        .unwrap()
+        .0
+    }
+
+    fn output(f: &Fixture, frame: u32) -> FrameOutput {
+        let bytes = format!("png {frame}");
+        let digest = Digest::of(bytes.as_bytes());
+        f.blobs.put(digest, bytes.as_bytes()).unwrap();
+        FrameOutput {
+            frame,
+            digest,
+            ext: "png".into(),
+            size: bytes.len() as u64,
+        }
+    }
+
+    #[test]
+    fn a_job_is_split_into_chunks_and_completes() {
+        let f = fixture();
+        let job = f.farm.submit(sub(f.scene, "1-5", 2)).unwrap();
+        let snap = f.farm.job(job).unwrap();
+        assert_eq!(snap.tasks.iter().map(|t| t.frames.clone()).collect::<Vec<_>>(), vec![vec![1, 2], vec![3, 4], vec![5]]);
+        let w = worker(&f.farm, "a");
+        while let Some(a) = f.farm.try_lease(&w, &HashSet::new()).unwrap() {
+            let outs = a.frames.iter().map(|&fr| output(&f, fr)).collect();
+            assert_eq!(f.farm.complete(a.lease, outs).unwrap(), Completion::Recorded);
+        }
+        let snap = f.farm.job(job).unwrap();
+        assert_eq!(snap.job.state, JobState::Done);
+        assert_eq!(snap.outputs().iter().map(|o| o.frame).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn bad_submissions_are_refused() {
+        let f = fixture();
+        let err = f.farm.submit(sub(Digest::of(b"nope"), "1", 1)).unwrap_err();
+        assert!(err.to_string().contains("has not been uploaded"), "{err}");
+        assert!(matches!(f.farm.submit(sub(f.scene, "5-1", 1)), Err(Error::Invalid(_))));
+        assert!(matches!(f.farm.submit(sub(f.scene, "1-5000", 1)), Err(Error::Invalid(_))));
+        assert!(f.farm.jobs().is_empty());
+    }
+
+    #[test]
+    fn an_expired_lease_goes_to_another_worker() {
+        let f = fixture();
+        let job = f.farm.submit(sub(f.scene, "1", 1)).unwrap();
+        let a = worker(&f.farm, "a");
+        let b = worker(&f.farm, "b");
+        let first = f.farm.try_lease(&a, &HashSet::new()).unwrap().unwrap();
+        assert!(f.farm.try_lease(&b, &HashSet::new()).unwrap().is_none());
+        f.clock.advance(600);
+        assert!(f.farm.progress(first.lease, 0).unwrap(), "renewal keeps the lease");
+        f.clock.advance(600);
+        assert_eq!(f.farm.expire_leases().unwrap(), 0);
+        f.clock.advance(500);
+        assert_eq!(f.farm.expire_leases().unwrap(), 1);
+        let second = f.farm.try_lease(&b, &HashSet::new()).unwrap().unwrap();
+        assert!(!f.farm.progress(first.lease, 0).unwrap(), "the old holder is told to stop");
+        let out = output(&f, 1);
+        f.farm.complete(second.lease, vec![out.clone()]).unwrap();
+        assert_eq!(f.farm.complete(first.lease, vec![out]).unwrap(), Completion::Duplicate);
+        assert_eq!(f.farm.job(job).unwrap().job.state, JobState::Done);
+    }
+
+    #[test]
+    fn failures_retry_on_another_worker_then_fail_the_job() {
+        let f = fixture();
+        let job = f.farm.submit(sub(f.scene, "1-2", 1)).unwrap();
+        let a = worker(&f.farm, "a");
+        let b = worker(&f.farm, "b");
+        let l = f.farm.try_lease(&a, &HashSet::new()).unwrap().unwrap();
+        assert_eq!(f.farm.fail(l.lease, "Error: boom", "log").unwrap(), FailOutcome::Retry);
+        // Worker a gets the other task, not the one it failed.
+        let next = f.farm.try_lease(&a, &HashSet::new()).unwrap().unwrap();
+        assert_ne!(next.lease.task, l.lease.task);
+        let retry = f.farm.try_lease(&b, &HashSet::new()).unwrap().unwrap();
+        assert_eq!(retry.lease.task, l.lease.task);
+        assert_eq!(retry.attempt, 2);
+        assert_eq!(f.farm.fail(retry.lease, "Error: boom", "the tail").unwrap(), FailOutcome::Failed);
+        let snap = f.farm.job(job).unwrap();
+        assert_eq!(snap.job.state, JobState::Failed);
+        assert!(snap.job.message.contains("Error: boom") && snap.job.message.contains("the tail"));
+        assert!(!f.farm.progress(next.lease, 0).unwrap(), "other tasks of a failed job stop");
+    }
+
+    #[test]
+    fn priority_then_fair_share() {
+        let f = fixture();
+        let low = f.farm.submit(sub(f.scene, "1-3", 1)).unwrap();
+        let mut high = sub(f.scene, "1-2", 1);
+        high.priority = 5;
+        let high = f.farm.submit(high).unwrap();
+        let other = f.farm.submit(sub(f.scene, "1-3", 1)).unwrap();
+        let w = worker(&f.farm, "a");
+        let order: Vec<JobId> = (0..6)
+            .map(|_| f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap().lease.job)
+            .collect();
+        assert_eq!(&order[..2], &[high, high]);
+        // Equal priority: the two jobs alternate.
+        assert_eq!(&order[2..], &[low, other, low, other]);
+    }
+
+    #[test]
+    fn cancel_stops_running_tasks_and_is_final() {
+        let f = fixture();
+        let job = f.farm.submit(sub(f.scene, "1-2", 1)).unwrap();
+        let w = worker(&f.farm, "a");
+        let l = f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
+        f.farm.cancel(job).unwrap();
+        assert!(!f.farm.progress(l.lease, 0).unwrap());
+        assert!(matches!(f.farm.cancel(job), Err(Error::Conflict(_))));
+        assert!(f.farm.try_lease(&w, &HashSet::new()).unwrap().is_none());
+        assert!(matches!(f.farm.cancel(JobId(99)), Err(Error::NotFound(_))));
+    }
+
+    #[test]
+    fn a_restart_recovers_jobs_tasks_and_leases() {
+        let f = fixture();
+        let job = f.farm.submit(sub(f.scene, "1-3", 1)).unwrap();
+        let w = worker(&f.farm, "a");
+        let done = f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
+        f.farm.complete(done.lease, vec![output(&f, 1)]).unwrap();
+        let held = f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
+        let again = Farm::open(f.store.clone(), f.blobs.clone(), f.clock.clone(), config()).unwrap();
+        let snap = again.job(job).unwrap();
+        assert_eq!(snap.job.state, JobState::Running);
+        assert_eq!(snap.outputs().len(), 1);
+        assert_eq!(snap.tasks[1].holder(), Some(&w));
+        // The holder can still finish its task after the restart.
+        again.complete(held.lease, vec![output(&f, 2)]).unwrap();
+        let next = again.submit(sub(f.scene, "1", 1)).unwrap();
+        assert!(next > job, "job ids are never reused");
+    }
+
+    #[tokio::test]
+    async fn lease_waits_for_work_to_arrive() {
+        let f = Arc::new(fixture());
+        let w = worker(&f.farm, "a");
+        let f2 = f.clone();
+        let waiter = tokio::spawn(async move { f2.farm.lease(&w, &HashSet::new(), Duration::from_secs(10)).await });
+        tokio::task::yield_now().await;
+        f.farm.submit(sub(f.scene, "1", 1)).unwrap();
+        let got = waiter.await.unwrap().unwrap();
+        assert!(got.is_some());
+    }
+}

@@ -1,0 +1,239 @@
+//! Thin gRPC adapters: unwrap the request, call the [`Farm`], map the answer.
+
+use std::collections::HashSet;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_proto as pb;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::blob_store::BlobStore;
+use crate::convert::{digest, job_id};
+use crate::error::Error;
+use crate::farm::Farm;
+use crate::task::{FrameOutput, LeaseId};
+use crate::worker::WorkerId;
+
+/// Size of the chunks blobs are streamed in.
+pub const CHUNK: usize = 1 << 20;
+
+/// The longest a worker's lease call is held open.
+const MAX_LEASE_WAIT: Duration = Duration::from_secs(30);
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Invalid(m) => Status::invalid_argument(m),
+            Error::NotFound(_) => Status::not_found(e.to_string()),
+            Error::Conflict(m) => Status::failed_precondition(m),
+            Error::LeaseLost(_) => Status::failed_precondition(e.to_string()),
+            Error::Store(_) | Error::Io { .. } => Status::unavailable(e.to_string()),
+        }
+    }
+}
+
+fn lease(s: &str) -> Result<LeaseId, Status> {
+    Ok(s.parse::<LeaseId>()?)
+}
+
+/// The `Blobs` service.
+#[derive(Clone)]
+pub struct BlobsService {
+    farm: Arc<Farm>,
+}
+
+/// The `Farm` service.
+#[derive(Clone)]
+pub struct FarmService {
+    farm: Arc<Farm>,
+}
+
+/// The `Work` service.
+#[derive(Clone)]
+pub struct WorkService {
+    farm: Arc<Farm>,
+}
+
+impl BlobsService {
+    /// Serves `farm`'s blob store.
+    pub fn new(farm: Arc<Farm>) -> Self {
+        Self { farm }
+    }
+}
+
+impl FarmService {
+    /// Serves `farm` to clients.
+    pub fn new(farm: Arc<Farm>) -> Self {
+        Self { farm }
+    }
+}
+
+impl WorkService {
+    /// Serves `farm` to workers.
+    pub fn new(farm: Arc<Farm>) -> Self {
+        Self { farm }
+    }
+}
+
+type ChunkStream = Pin<Box<dyn Stream<Item = Result<pb::BlobChunk, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::blobs_server::Blobs for BlobsService {
+    async fn missing_blobs(
+        &self,
+        req: Request<pb::MissingBlobsRequest>,
+    ) -> Result<Response<pb::MissingBlobsResponse>, Status> {
+        let mut missing = Vec::new();
+        for d in req.into_inner().digests {
+            if !self.farm.blobs().contains(&digest("digests", &d)?) {
+                missing.push(d);
+            }
+        }
+        Ok(Response::new(pb::MissingBlobsResponse { missing }))
+    }
+
+    async fn put_blob(
+        &self,
+        req: Request<Streaming<pb::BlobChunk>>,
+    ) -> Result<Response<pb::PutBlobResponse>, Status> {
+        let mut stream = req.into_inner();
+        let first = stream
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("empty upload; send at least one chunk naming the digest"))?;
+        let d = digest("digest", &first.digest)?;
+        let size = first.size;
+        let blobs = self.farm.blobs().clone();
+        let mut writer = blobs.writer(d, size)?;
+        writer.write(&first.data)?;
+        while let Some(chunk) = stream.message().await? {
+            writer.write(&chunk.data)?;
+        }
+        let already_present = tokio::task::spawn_blocking(move || writer.commit())
+            .await
+            .map_err(|e| Status::internal(e.to_string()))??;
+        tracing::debug!(digest = %d, size, already_present, "blob stored");
+        Ok(Response::new(pb::PutBlobResponse {
+            digest: d.to_hex(),
+            size,
+            already_present,
+        }))
+    }
+
+    type GetBlobStream = ChunkStream;
+
+    async fn get_blob(&self, req: Request<pb::GetBlobRequest>) -> Result<Response<ChunkStream>, Status> {
+        let d = digest("digest", &req.into_inner().digest)?;
+        let blobs: Arc<dyn BlobStore> = self.farm.blobs().clone();
+        let size = blobs.size(&d).ok_or_else(|| Status::not_found(format!("blob {d} not found")))?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::task::spawn_blocking(move || {
+            let mut offset = 0u64;
+            loop {
+                let msg = blobs.read_range(&d, offset, CHUNK).map_err(Status::from);
+                let done = match &msg {
+                    Ok(data) => data.is_empty() || offset + data.len() as u64 >= size,
+                    Err(_) => true,
+                };
+                let msg = msg.map(|data| {
+                    let chunk = pb::BlobChunk {
+                        digest: if offset == 0 { d.to_hex() } else { String::new() },
+                        size,
+                        data,
+                    };
+                    offset += chunk.data.len() as u64;
+                    chunk
+                });
+                if tx.blocking_send(msg).is_err() || done {
+                    break;
+                }
+            }
+        });
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        Ok(Response::new(Box::pin(stream) as ChunkStream))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::farm_server::Farm for FarmService {
+    async fn submit_job(&self, req: Request<pb::JobSpec>) -> Result<Response<pb::SubmitJobResponse>, Status> {
+        let id = self.farm.submit(req.into_inner().try_into()?)?;
+        Ok(Response::new(pb::SubmitJobResponse { job_id: id.0 }))
+    }
+
+    async fn get_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
+        let snap = self.farm.job(job_id(req.get_ref()))?;
+        Ok(Response::new((&snap).into()))
+    }
+
+    async fn list_jobs(&self, _req: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
+        let jobs = self.farm.jobs().iter().map(Into::into).collect();
+        Ok(Response::new(pb::ListJobsResponse { jobs }))
+    }
+
+    async fn cancel_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
+        let snap = self.farm.cancel(job_id(req.get_ref()))?;
+        Ok(Response::new((&snap).into()))
+    }
+
+    async fn list_workers(
+        &self,
+        _req: Request<pb::ListWorkersRequest>,
+    ) -> Result<Response<pb::ListWorkersResponse>, Status> {
+        let workers = self.farm.workers().iter().map(Into::into).collect();
+        Ok(Response::new(pb::ListWorkersResponse { workers }))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::work_server::Work for WorkService {
+    async fn register(&self, req: Request<pb::WorkerInfo>) -> Result<Response<pb::RegisterResponse>, Status> {
+        let (id, ttl) = self.farm.register(req.into_inner().into())?;
+        Ok(Response::new(pb::RegisterResponse {
+            worker_id: id.0,
+            lease_ttl_ms: ttl.min(u64::from(u32::MAX)) as u32,
+        }))
+    }
+
+    async fn lease(&self, req: Request<pb::LeaseRequest>) -> Result<Response<pb::LeaseResponse>, Status> {
+        let req = req.into_inner();
+        let worker = WorkerId(req.worker_id);
+        let cached: HashSet<_> = req.cached_scenes.iter().filter_map(|d| d.parse().ok()).collect();
+        let wait = Duration::from_millis(u64::from(req.wait_ms)).min(MAX_LEASE_WAIT);
+        let task = self.farm.lease(&worker, &cached, wait).await?;
+        Ok(Response::new(pb::LeaseResponse {
+            task: task.as_ref().map(Into::into),
+        }))
+    }
+
+    async fn progress(&self, req: Request<pb::ProgressRequest>) -> Result<Response<pb::ProgressResponse>, Status> {
+        let req = req.into_inner();
+        let keep_going = self.farm.progress(lease(&req.lease_id)?, req.frames_done)?;
+        Ok(Response::new(pb::ProgressResponse { keep_going }))
+    }
+
+    async fn complete(&self, req: Request<pb::CompleteRequest>) -> Result<Response<pb::Ack>, Status> {
+        let req = req.into_inner();
+        let outputs = req
+            .outputs
+            .into_iter()
+            .map(FrameOutput::try_from)
+            .collect::<Result<Vec<_>, _>>()?;
+        self.farm.complete(lease(&req.lease_id)?, outputs)?;
+        Ok(Response::new(pb::Ack {}))
+    }
+
+    async fn fail(&self, req: Request<pb::FailRequest>) -> Result<Response<pb::Ack>, Status> {
+        let req = req.into_inner();
+        self.farm.fail(lease(&req.lease_id)?, &req.reason, &req.log_tail)?;
+        Ok(Response::new(pb::Ack {}))
+    }
+
+    async fn release(&self, req: Request<pb::ReleaseRequest>) -> Result<Response<pb::Ack>, Status> {
+        self.farm.release(lease(&req.into_inner().lease_id)?)?;
+        Ok(Response::new(pb::Ack {}))
+    }
+}
+

@@ -1,0 +1,176 @@
+//! Jobs and their lifecycle.
+//!
+//! ```text
+//!  Queued ──first lease──▶ Running ──all tasks done──▶ Done
+//!    │                       │  └──a task out of attempts──▶ Failed
+//!    └───────cancel──────────┴──────────cancel──────────────▶ Canceled
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+use crate::digest::Digest;
+use crate::error::Error;
+
+/// A job's id: a number that grows with every submission and is never reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct JobId(pub u64);
+
+impl std::fmt::Display for JobId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobState {
+    /// Submitted; no task leased yet.
+    Queued,
+    /// At least one task has been leased.
+    Running,
+    /// Every task is done.
+    Done,
+    /// A task ran out of attempts.
+    Failed,
+    /// A user cancelled it.
+    Canceled,
+}
+
+impl JobState {
+    /// Whether the job has ended for good.
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Done | Self::Failed | Self::Canceled)
+    }
+
+    /// Lowercase name for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Done => "done",
+            Self::Failed => "failed",
+            Self::Canceled => "canceled",
+        }
+    }
+}
+
+/// A render job: one scene, a set of frames, split into tasks.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Job {
+    /// Its id.
+    pub id: JobId,
+    /// The scene blob.
+    pub scene: Digest,
+    /// The scene's file name, for display only.
+    pub scene_name: String,
+    /// The frame set in compact form.
+    pub frames: String,
+    /// How many frames the set holds.
+    pub frame_count: u32,
+    /// Frames per task.
+    pub chunk: u32,
+    /// Higher runs first.
+    pub priority: i32,
+    /// Failures a task may have before the job fails.
+    pub max_attempts: u32,
+    /// Number of tasks.
+    pub task_count: u32,
+    /// Its state.
+    pub state: JobState,
+    /// Why it failed, when it did.
+    pub message: String,
+    /// Submission time (ms since the epoch).
+    pub created_ms: u64,
+    /// When it ended, if it did.
+    pub finished_ms: Option<u64>,
+}
+
+impl Job {
+    /// Queued -> Running, on the first lease. A no-op when already running.
+    pub fn start(&mut self) -> Result<(), Error> {
+        match self.state {
+            JobState::Queued => {
+                self.state = JobState::Running;
+                Ok(())
+            }
+            JobState::Running => Ok(()),
+            s => Err(self.illegal("start", s)),
+        }
+    }
+
+    /// Queued|Running -> Done.
+    pub fn finish(&mut self, now_ms: u64) -> Result<(), Error> {
+        self.end(JobState::Done, String::new(), now_ms)
+    }
+
+    /// Queued|Running -> Failed, with the reason.
+    pub fn fail(&mut self, reason: String, now_ms: u64) -> Result<(), Error> {
+        self.end(JobState::Failed, reason, now_ms)
+    }
+
+    /// Queued|Running -> Canceled.
+    pub fn cancel(&mut self, now_ms: u64) -> Result<(), Error> {
+        self.end(JobState::Canceled, "canceled by user".into(), now_ms)
+    }
+
+    fn end(&mut self, to: JobState, message: String, now_ms: u64) -> Result<(), Error> {
+        if self.state.is_final() {
+            return Err(self.illegal(to.name(), self.state));
+        }
+        self.state = to;
+        self.message = message;
+        self.finished_ms = Some(now_ms);
+        Ok(())
+    }
+
+    fn illegal(&self, action: &str, from: JobState) -> Error {
+        Error::Conflict(format!(
+            "job {} is already {}; cannot mark it {action}",
+            self.id,
+            from.name()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> Job {
+        Job {
+            id: JobId(1),
+            scene: Digest::of(b"s"),
+            scene_name: "s.blend".into(),
+            frames: "1-3".into(),
+            frame_count: 3,
+            chunk: 1,
+            priority: 0,
+            max_attempts: 3,
+            task_count: 3,
+            state: JobState::Queued,
+            message: String::new(),
+            created_ms: 0,
+            finished_ms: None,
+        }
+    }
+
+    #[test]
+    fn legal_transitions() {
+        let mut j = job();
+        j.start().unwrap();
+        j.start().unwrap();
+        assert_eq!(j.state, JobState::Running);
+        j.finish(5).unwrap();
+        assert_eq!((j.state, j.finished_ms), (JobState::Done, Some(5)));
+    }
+
+    #[test]
+    fn a_final_job_cannot_change() {
+        let mut j = job();
+        j.cancel(1).unwrap();
+        assert!(matches!(j.start(), Err(Error::Conflict(_))));
+        assert!(matches!(j.finish(2), Err(Error::Conflict(_))));
+        let err = j.cancel(3).unwrap_err().to_string();
+        assert!(err.contains("already canceled"), "{err}");
+    }
+}

@@ -1,0 +1,34 @@
+//! The Tessera coordinator: accepts render jobs, splits them into tasks,
+//! leases tasks to workers and keeps everything durable.
+//!
+//! # Layout
+//! - [`frames`]: the frame-set syntax and chunking.
+//! - [`digest`]: blake3 content addresses.
+//! - [`blendfile`]: recognising Blender files by their header.
+//! - [`job`], [`task`], [`worker`]: the domain records and their lifecycles.
+//! - [`farm`]: the domain service (submit, lease, complete, fail, expire).
+//! - [`store`]: durable metadata (sled) and its in-memory twin.
+//! - [`blob_store`]: content-addressed blobs on disk and in memory.
+//! - [`clock`]: time behind a trait.
+//! - [`convert`]: domain <-> protocol conversions.
+//! - [`grpc`]: thin tonic adapters over [`farm::Farm`].
+//! - [`server`]: opening a data directory and serving.
+
+pub mod blendfile;
+pub mod blob_store;
+pub mod clock;
+pub mod convert;
+pub mod digest;
+pub mod error;
+pub mod farm;
+pub mod frames;
+pub mod grpc;
+pub mod job;
+pub mod server;
+pub mod store;
+pub mod task;
+pub mod worker;
+
+pub use error::Error;
+pub use farm::{Config, Farm};
+pub use server::Coordinator;

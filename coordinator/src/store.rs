@@ -1,0 +1,226 @@
+//! Durable metadata: jobs, tasks, workers.
+//!
+//! [`SledStore`] writes each batch in one sled transaction across its trees and
+//! flushes it to disk before returning, so anything acknowledged to a client or
+//! worker survives a crash. [`MemoryStore`] is the twin for unit tests.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
+
+use sled::transaction::{ConflictableTransactionError, TransactionError};
+use sled::Transactional;
+
+use crate::error::Error;
+use crate::job::{Job, JobId};
+use crate::task::Task;
+use crate::worker::{WorkerId, WorkerRecord};
+
+/// One record to write.
+#[derive(Debug, Clone, Copy)]
+pub enum Record<'a> {
+    /// A job.
+    Job(&'a Job),
+    /// A task.
+    Task(&'a Task),
+    /// A worker.
+    Worker(&'a WorkerRecord),
+}
+
+/// Everything the store holds, read at start-up.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// Jobs by id.
+    pub jobs: BTreeMap<JobId, Job>,
+    /// Tasks of each job, by index.
+    pub tasks: BTreeMap<JobId, Vec<Task>>,
+    /// Workers by id.
+    pub workers: BTreeMap<WorkerId, WorkerRecord>,
+}
+
+/// Durable storage of the coordinator's metadata.
+pub trait MetaStore: Send + Sync + 'static {
+    /// Reads everything.
+    fn load(&self) -> Result<Snapshot, Error>;
+    /// Writes `records` atomically; they are durable when this returns.
+    fn write(&self, records: &[Record<'_>]) -> Result<(), Error>;
+}
+
+fn task_key(job: JobId, index: u32) -> [u8; 12] {
+    let mut key = [0u8; 12];
+    key[..8].copy_from_slice(&job.0.to_be_bytes());
+    key[8..].copy_from_slice(&index.to_be_bytes());
+    key
+}
+
+/// Metadata in sled trees under `DIR/db`.
+pub struct SledStore {
+    db: sled::Db,
+    jobs: sled::Tree,
+    tasks: sled::Tree,
+    workers: sled::Tree,
+}
+
+impl SledStore {
+    /// Opens (creating) the database at `path`.
+    pub fn open(path: &Path) -> Result<Self, Error> {
+        let db = sled::Config::new().path(path).open().map_err(|e| {
+            Error::Store(format!(
+                "cannot open {}: {e}; is another coordinator using this --data directory?",
+                path.display()
+            ))
+        })?;
+        Ok(Self {
+            jobs: db.open_tree("jobs")?,
+            tasks: db.open_tree("tasks")?,
+            workers: db.open_tree("workers")?,
+            db,
+        })
+    }
+}
+
+impl MetaStore for SledStore {
+    fn load(&self) -> Result<Snapshot, Error> {
+        let mut snap = Snapshot::default();
+        for item in self.jobs.iter() {
+            let (_, v) = item?;
+            let job: Job = serde_json::from_slice(&v)?;
+            snap.jobs.insert(job.id, job);
+        }
+        for item in self.tasks.iter() {
+            let (_, v) = item?;
+            let task: Task = serde_json::from_slice(&v)?;
+            // Tasks are written before their job: tasks of a job whose record
+            // never landed belong to a submission that was never acknowledged.
+            if snap.jobs.contains_key(&task.job) {
+                snap.tasks.entry(task.job).or_default().push(task);
+            }
+        }
+        for tasks in snap.tasks.values_mut() {
+            tasks.sort_by_key(|t| t.index);
+        }
+        for item in self.workers.iter() {
+            let (_, v) = item?;
+            let w: WorkerRecord = serde_json::from_slice(&v)?;
+            snap.workers.insert(w.id.clone(), w);
+        }
+        Ok(snap)
+    }
+
+    fn write(&self, records: &[Record<'_>]) -> Result<(), Error> {
+        let mut encoded = Vec::with_capacity(records.len());
+        for r in records {
+            encoded.push(match r {
+                Record::Job(j) => (0u8, j.id.0.to_be_bytes().to_vec(), serde_json::to_vec(j)?),
+                Record::Task(t) => (1, task_key(t.job, t.index).to_vec(), serde_json::to_vec(t)?),
+                Record::Worker(w) => (2, w.id.0.as_bytes().to_vec(), serde_json::to_vec(w)?),
+            });
+        }
+        (&self.jobs, &self.tasks, &self.workers)
+            .transaction(|(jobs, tasks, workers)| {
+                // Tasks first, then jobs: see `load`.
+                for (tree, key, value) in encoded.iter().filter(|e| e.0 != 0).chain(encoded.iter().filter(|e| e.0 == 0)) {
+                    let t = match tree {
+                        0 => jobs,
+                        1 => tasks,
+                        _ => workers,
+                    };
+                    t.insert(key.as_slice(), value.as_slice())?;
+                }
+                Ok::<_, ConflictableTransactionError<()>>(())
+            })
+            .map_err(|e: TransactionError<()>| Error::Store(format!("transaction failed: {e:?}")))?;
+        self.db.flush().map_err(|e| {
+            Error::Store(format!(
+                "cannot flush the metadata to disk: {e}; check free space on the --data volume"
+            ))
+        })?;
+        Ok(())
+    }
+}
+
+/// Metadata in memory, for unit tests.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    inner: Mutex<(BTreeMap<JobId, Job>, BTreeMap<(JobId, u32), Task>, BTreeMap<WorkerId, WorkerRecord>)>,
+}
+
+impl MetaStore for MemoryStore {
+    fn load(&self) -> Result<Snapshot, Error> {
+        let inner = self.inner.lock().unwrap();
+        let mut snap = Snapshot {
+            jobs: inner.0.clone(),
+            workers: inner.2.clone(),
+            ..Default::default()
+        };
+        for ((job, _), task) in &inner.1 {
+            snap.tasks.entry(*job).or_default().push(task.clone());
+        }
+        Ok(snap)
+    }
+
+    fn write(&self, records: &[Record<'_>]) -> Result<(), Error> {
+        let mut inner = self.inner.lock().unwrap();
+        for r in records {
+            match r {
+                Record::Job(j) => {
+                    inner.0.insert(j.id, (*j).clone());
+                }
+                Record::Task(t) => {
+                    inner.1.insert((t.job, t.index), (*t).clone());
+                }
+                Record::Worker(w) => {
+                    inner.2.insert(w.id.clone(), (*w).clone());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::digest::Digest;
+    use crate::job::JobState;
+
+    fn job(id: u64) -> Job {
+        Job {
+            id: JobId(id),
+            scene: Digest::of(b"s"),
+            scene_name: "s.blend".into(),
+            frames: "1-2".into(),
+            frame_count: 2,
+            chunk: 1,
+            priority: 0,
+            max_attempts: 3,
+            task_count: 2,
+            state: JobState::Queued,
+            message: String::new(),
+            created_ms: 1,
+            finished_ms: None,
+        }
+    }
+
+    #[test]
+    fn sled_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = SledStore::open(&dir.path().join("db")).unwrap();
+            let j = job(7);
+            let t0 = Task::new(JobId(7), 0, vec![1]);
+            let t1 = Task::new(JobId(7), 1, vec![2]);
+            store
+                .write(&[Record::Job(&j), Record::Task(&t1), Record::Task(&t0)])
+                .unwrap();
+            // Orphan tasks (no job record) are dropped at load.
+            store.write(&[Record::Task(&Task::new(JobId(8), 0, vec![1]))]).unwrap();
+        }
+        let store = SledStore::open(&dir.path().join("db")).unwrap();
+        let snap = store.load().unwrap();
+        assert_eq!(snap.jobs.len(), 1);
+        let tasks = &snap.tasks[&JobId(7)];
+        assert_eq!(tasks.iter().map(|t| t.index).collect::<Vec<_>>(), vec![0, 1]);
+        assert!(!snap.tasks.contains_key(&JobId(8)));
+    }
+}

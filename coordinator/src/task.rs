@@ -1,0 +1,399 @@
+//! Tasks, leases and their lifecycle.
+//!
+//! ```text
+//!            lease                  complete
+//!  Queued ─────────▶ Leased{worker} ─────────▶ Done{outputs}
+//!    ▲                 │  │  │
+//!    │ expire/release  │  │  └─ fail (attempts left) ──▶ Queued
+//!    └─────────────────┘  └──── fail (out of attempts) ─▶ Failed
+//!  Queued|Leased ── cancel ──▶ Canceled
+//! ```
+//!
+//! Every grant of a task bumps its lease counter, so a lease id
+//! (`job.task.counter`) names exactly one grant: a worker whose lease expired
+//! and was given to another can no longer renew or fail it. Its result is still
+//! accepted if it arrives before anyone else's, and the task is recorded done
+//! once: later results are ignored.
+
+use serde::{Deserialize, Serialize};
+
+use crate::digest::Digest;
+use crate::error::Error;
+use crate::job::JobId;
+use crate::worker::WorkerId;
+
+/// Names one grant of one task to one worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeaseId {
+    /// The job.
+    pub job: JobId,
+    /// The task's index in the job.
+    pub task: u32,
+    /// Which grant of the task.
+    pub grant: u32,
+}
+
+impl std::fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}.{}", self.job, self.task, self.grant)
+    }
+}
+
+impl std::str::FromStr for LeaseId {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        let bad = || Error::invalid(format!("`{s}` is not a lease id (job.task.grant)"));
+        let mut parts = s.split('.');
+        let mut next = || parts.next().ok_or_else(bad);
+        let job = next()?.parse().map_err(|_| bad())?;
+        let task = next()?.parse().map_err(|_| bad())?;
+        let grant = next()?.parse().map_err(|_| bad())?;
+        if parts.next().is_some() {
+            return Err(bad());
+        }
+        Ok(Self {
+            job: JobId(job),
+            task,
+            grant,
+        })
+    }
+}
+
+/// One rendered frame.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrameOutput {
+    /// Frame number.
+    pub frame: u32,
+    /// Its blob.
+    pub digest: Digest,
+    /// File extension without the dot.
+    pub ext: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// Where a task is in its life.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskState {
+    /// Waiting for a worker.
+    Queued,
+    /// Held by a worker until `expires_ms` unless renewed.
+    Leased {
+        /// The holder.
+        worker: WorkerId,
+        /// Which grant.
+        grant: u32,
+        /// Deadline, ms since the epoch.
+        expires_ms: u64,
+    },
+    /// Rendered.
+    Done {
+        /// One output per frame.
+        outputs: Vec<FrameOutput>,
+    },
+    /// Out of attempts.
+    Failed {
+        /// The last failure.
+        reason: String,
+    },
+    /// Its job was cancelled or failed.
+    Canceled,
+}
+
+/// What happened to a result that arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// The task is now done with this result.
+    Recorded,
+    /// The task was already done; this result was ignored.
+    Duplicate,
+}
+
+/// What a failure did to the task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailOutcome {
+    /// It went back to the queue for another attempt.
+    Retry,
+    /// It ran out of attempts.
+    Failed,
+}
+
+/// A chunk of frames of one job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Task {
+    /// The job.
+    pub job: JobId,
+    /// Index within the job.
+    pub index: u32,
+    /// The frames it renders, ascending.
+    pub frames: Vec<u32>,
+    /// Its state.
+    pub state: TaskState,
+    /// Failures so far.
+    pub failures: u32,
+    /// Grants so far (the last grant's number).
+    pub grants: u32,
+    /// Workers on which it failed, to retry elsewhere.
+    pub failed_on: Vec<WorkerId>,
+    /// The last failure's reason and log tail.
+    pub message: String,
+    /// Frames the holder reported done.
+    pub frames_done: u32,
+}
+
+impl Task {
+    /// A new queued task.
+    pub fn new(job: JobId, index: u32, frames: Vec<u32>) -> Self {
+        Self {
+            job,
+            index,
+            frames,
+            state: TaskState::Queued,
+            failures: 0,
+            grants: 0,
+            failed_on: Vec::new(),
+            message: String::new(),
+            frames_done: 0,
+        }
+    }
+
+    /// Queued -> Leased: grants the task to `worker` until `now + ttl`.
+    pub fn lease(&mut self, worker: &WorkerId, now_ms: u64, ttl_ms: u64) -> Result<LeaseId, Error> {
+        if self.state != TaskState::Queued {
+            return Err(self.illegal("lease"));
+        }
+        self.grants += 1;
+        self.frames_done = 0;
+        self.state = TaskState::Leased {
+            worker: worker.clone(),
+            grant: self.grants,
+            expires_ms: now_ms + ttl_ms,
+        };
+        Ok(self.lease_id(self.grants))
+    }
+
+    /// Leased -> Leased with a later deadline, for the current grant only.
+    pub fn renew(&mut self, grant: u32, frames_done: u32, now_ms: u64, ttl_ms: u64) -> Result<(), Error> {
+        match &mut self.state {
+            TaskState::Leased {
+                grant: g,
+                expires_ms,
+                ..
+            } if *g == grant => {
+                *expires_ms = now_ms + ttl_ms;
+                self.frames_done = frames_done.min(self.frames.len() as u32);
+                Ok(())
+            }
+            _ => Err(Error::LeaseLost(self.lease_id(grant).to_string())),
+        }
+    }
+
+    /// Queued|Leased -> Done. A result from an older grant is accepted when it
+    /// is the first to arrive; a second result is a [`Completion::Duplicate`].
+    pub fn complete(&mut self, grant: u32, outputs: Vec<FrameOutput>) -> Result<Completion, Error> {
+        if grant == 0 || grant > self.grants {
+            return Err(Error::LeaseLost(self.lease_id(grant).to_string()));
+        }
+        let mut want: Vec<u32> = outputs.iter().map(|o| o.frame).collect();
+        want.sort_unstable();
+        if want != self.frames {
+            return Err(Error::invalid(format!(
+                "task {} renders frames {:?} but the result names frames {:?}",
+                self.lease_id(grant),
+                self.frames,
+                want
+            )));
+        }
+        match self.state {
+            TaskState::Queued | TaskState::Leased { .. } => {
+                self.state = TaskState::Done { outputs };
+                self.frames_done = self.frames.len() as u32;
+                Ok(Completion::Recorded)
+            }
+            TaskState::Done { .. } => Ok(Completion::Duplicate),
+            TaskState::Failed { .. } | TaskState::Canceled => {
+                Err(Error::LeaseLost(self.lease_id(grant).to_string()))
+            }
+        }
+    }
+
+    /// Leased -> Queued (attempts left) or Failed, for the current grant only.
+    pub fn fail(&mut self, grant: u32, reason: String, max_attempts: u32) -> Result<FailOutcome, Error> {
+        let worker = match &self.state {
+            TaskState::Leased { worker, grant: g, .. } if *g == grant => worker.clone(),
+            _ => return Err(Error::LeaseLost(self.lease_id(grant).to_string())),
+        };
+        self.failures += 1;
+        if !self.failed_on.contains(&worker) {
+            self.failed_on.push(worker);
+        }
+        self.message = reason.clone();
+        if self.failures >= max_attempts.max(1) {
+            self.state = TaskState::Failed { reason };
+            Ok(FailOutcome::Failed)
+        } else {
+            self.state = TaskState::Queued;
+            Ok(FailOutcome::Retry)
+        }
+    }
+
+    /// Leased -> Queued when the deadline has passed. Returns whether it expired.
+    pub fn expire(&mut self, now_ms: u64) -> bool {
+        match self.state {
+            TaskState::Leased { expires_ms, .. } if expires_ms <= now_ms => {
+                self.state = TaskState::Queued;
+                self.frames_done = 0;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Leased -> Queued at the holder's request (shutdown), without charging an attempt.
+    pub fn release(&mut self, grant: u32) -> Result<(), Error> {
+        match self.state {
+            TaskState::Leased { grant: g, .. } if g == grant => {
+                self.state = TaskState::Queued;
+                self.frames_done = 0;
+                Ok(())
+            }
+            _ => Err(Error::LeaseLost(self.lease_id(grant).to_string())),
+        }
+    }
+
+    /// Queued|Leased -> Canceled; finished tasks keep their state.
+    pub fn cancel(&mut self) {
+        if matches!(self.state, TaskState::Queued | TaskState::Leased { .. }) {
+            self.state = TaskState::Canceled;
+        }
+    }
+
+    /// The holder, while leased.
+    pub fn holder(&self) -> Option<&WorkerId> {
+        match &self.state {
+            TaskState::Leased { worker, .. } => Some(worker),
+            _ => None,
+        }
+    }
+
+    /// Whether the task is done.
+    pub fn is_done(&self) -> bool {
+        matches!(self.state, TaskState::Done { .. })
+    }
+
+    /// The id of grant `grant` of this task.
+    pub fn lease_id(&self, grant: u32) -> LeaseId {
+        LeaseId {
+            job: self.job,
+            task: self.index,
+            grant,
+        }
+    }
+
+    fn illegal(&self, action: &str) -> Error {
+        Error::Conflict(format!(
+            "task {}.{} is {:?}; cannot {action} it",
+            self.job,
+            self.index,
+            self.state_name()
+        ))
+    }
+
+    /// Lowercase state name.
+    pub fn state_name(&self) -> &'static str {
+        match self.state {
+            TaskState::Queued => "queued",
+            TaskState::Leased { .. } => "leased",
+            TaskState::Done { .. } => "done",
+            TaskState::Failed { .. } => "failed",
+            TaskState::Canceled => "canceled",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn out(frame: u32) -> FrameOutput {
+        FrameOutput {
+            frame,
+            digest: Digest::of(&frame.to_le_bytes()),
+            ext: "png".into(),
+            size: 4,
+        }
+    }
+
+    fn w(name: &str) -> WorkerId {
+        WorkerId(name.into())
+    }
+
+    #[test]
+    fn lease_renew_complete() {
+        let mut t = Task::new(JobId(1), 0, vec![1, 2]);
+        let lease = t.lease(&w("a"), 1000, 500).unwrap();
+        assert_eq!(lease.to_string(), "1.0.1");
+        assert_eq!(lease.to_string().parse::<LeaseId>().unwrap(), lease);
+        t.renew(lease.grant, 1, 1400, 500).unwrap();
+        assert!(!t.expire(1899));
+        assert_eq!(t.complete(lease.grant, vec![out(2), out(1)]).unwrap(), Completion::Recorded);
+        assert!(t.is_done());
+        assert_eq!(t.complete(lease.grant, vec![out(1), out(2)]).unwrap(), Completion::Duplicate);
+    }
+
+    #[test]
+    fn an_expired_lease_requeues_and_the_old_holder_loses_it() {
+        let mut t = Task::new(JobId(1), 0, vec![1]);
+        let first = t.lease(&w("a"), 0, 100).unwrap();
+        assert!(t.expire(100));
+        assert_eq!(t.state, TaskState::Queued);
+        let second = t.lease(&w("b"), 100, 100).unwrap();
+        assert_ne!(first, second);
+        assert!(matches!(t.renew(first.grant, 0, 150, 100), Err(Error::LeaseLost(_))));
+        assert!(matches!(t.fail(first.grant, "x".into(), 3), Err(Error::LeaseLost(_))));
+        // The first holder's result still counts if it arrives first; the
+        // second holder's later result is a duplicate, recorded once.
+        assert_eq!(t.complete(first.grant, vec![out(1)]).unwrap(), Completion::Recorded);
+        assert_eq!(t.complete(second.grant, vec![out(1)]).unwrap(), Completion::Duplicate);
+    }
+
+    #[test]
+    fn failures_retry_until_out_of_attempts() {
+        let mut t = Task::new(JobId(1), 0, vec![1]);
+        let l = t.lease(&w("a"), 0, 100).unwrap();
+        assert_eq!(t.fail(l.grant, "boom".into(), 2).unwrap(), FailOutcome::Retry);
+        assert_eq!(t.failed_on, vec![w("a")]);
+        let l = t.lease(&w("b"), 0, 100).unwrap();
+        assert_eq!(t.fail(l.grant, "boom again".into(), 2).unwrap(), FailOutcome::Failed);
+        assert_eq!(t.state, TaskState::Failed { reason: "boom again".into() });
+        assert!(matches!(t.lease(&w("c"), 0, 100), Err(Error::Conflict(_))));
+    }
+
+    #[test]
+    fn results_must_name_the_tasks_frames() {
+        let mut t = Task::new(JobId(1), 0, vec![1, 2]);
+        let l = t.lease(&w("a"), 0, 100).unwrap();
+        assert!(matches!(t.complete(l.grant, vec![out(1)]), Err(Error::Invalid(_))));
+        assert!(matches!(t.complete(9, vec![out(1), out(2)]), Err(Error::LeaseLost(_))));
+    }
+
+    #[test]
+    fn release_and_cancel() {
+        let mut t = Task::new(JobId(1), 0, vec![1]);
+        let l = t.lease(&w("a"), 0, 100).unwrap();
+        t.release(l.grant).unwrap();
+        assert_eq!(t.failures, 0);
+        assert!(matches!(t.release(l.grant), Err(Error::LeaseLost(_))));
+        let l = t.lease(&w("a"), 0, 100).unwrap();
+        t.cancel();
+        assert!(matches!(t.complete(l.grant, vec![out(1)]), Err(Error::LeaseLost(_))));
+    }
+
+    #[test]
+    fn bad_lease_ids_are_refused() {
+        for bad in ["", "1", "1.2", "1.2.3.4", "a.b.c", "-1.0.0"] {
+            assert!(bad.parse::<LeaseId>().is_err(), "{bad}");
+        }
+    }
+}

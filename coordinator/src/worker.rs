@@ -1,0 +1,38 @@
+//! The coordinator's record of a worker machine.
+
+use serde::{Deserialize, Serialize};
+
+/// A worker's id, assigned at registration.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct WorkerId(pub String);
+
+impl std::fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What a worker told us about itself, and what it did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerRecord {
+    /// Its id.
+    pub id: WorkerId,
+    /// The name it gave (host name by default).
+    pub name: String,
+    /// Render slots.
+    pub slots: u32,
+    /// Device kind it renders with.
+    pub device: String,
+    /// Blender's version line.
+    pub blender_version: String,
+    /// CPU cores.
+    pub cpu_cores: u32,
+    /// When it registered (ms since the epoch).
+    pub registered_ms: u64,
+    /// Last contact (ms since the epoch); kept in memory, written at registration.
+    pub last_seen_ms: u64,
+    /// Tasks it completed.
+    pub tasks_done: u64,
+    /// Tasks it failed.
+    pub tasks_failed: u64,
+}

@@ -1,0 +1,13 @@
+//! Tessera's wire protocol: the code generated from `proto/tessera/v1/tessera.proto`.
+//!
+//! Nothing else lives here; conversions to domain types sit beside those types
+//! in the coordinator and worker crates.
+
+#![allow(clippy::all, missing_docs)]
+
+/// Version 1 of the protocol.
+pub mod v1 {
+    tonic::include_proto!("tessera.v1");
+}
+
+pub use v1::*;

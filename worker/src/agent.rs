@@ -1,0 +1,344 @@
+//! The worker's lease loop: register, then one loop per slot that leases a
+//! task, fetches its scene, renders, uploads the frames and reports the result.
+//!
+//! Every call to the coordinator is retried while the coordinator is
+//! unreachable (it may be restarting); answers that say the lease is gone end
+//! the task quietly. A failed render is reported with Blender's log tail and
+//! the slot carries on.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_proto as pb;
+use tokio::sync::{watch, RwLock};
+use tonic::transport::{Channel, Endpoint};
+use tonic::Code;
+
+use crate::blender::{RenderFailure, RenderRequest, Renderer};
+use crate::cache::SceneCache;
+use crate::error::Error;
+use crate::transfer;
+
+/// How a worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// The coordinator's URL.
+    pub coordinator: String,
+    /// Name shown in `tessera workers`.
+    pub name: String,
+    /// Scene cache and scratch space.
+    pub cache: PathBuf,
+    /// Concurrent tasks.
+    pub slots: u32,
+    /// Device kind reported to the coordinator.
+    pub device: String,
+    /// Blender's version line, reported to the coordinator.
+    pub blender_version: String,
+    /// Render threads per slot (None: all cores).
+    pub threads: Option<u32>,
+}
+
+/// Connects lazily: the channel reconnects by itself after the coordinator restarts.
+pub fn channel(url: &str) -> Result<Channel, Error> {
+    let endpoint = Endpoint::from_shared(url.to_string())
+        .map_err(|_| Error::Address(url.to_string()))?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true);
+    Ok(endpoint.connect_lazy())
+}
+
+/// Whether an error may go away by itself (coordinator down or restarting).
+pub fn transient(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded | Code::Aborted | Code::Internal
+    )
+}
+
+/// Retries `f` while it fails transiently, up to `patience`.
+async fn retry<T, F, Fut>(what: &str, patience: Duration, mut f: F) -> Result<T, tonic::Status>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    let start = tokio::time::Instant::now();
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(s) if transient(&s) && start.elapsed() < patience => {
+                tracing::warn!("{what}: {}; retrying in {delay:?}", s.message());
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(3));
+            }
+            Err(s) => return Err(s),
+        }
+    }
+}
+
+/// How long results are held for a coordinator that is down.
+const RESULT_PATIENCE: Duration = Duration::from_secs(600);
+
+struct Shared<R> {
+    config: WorkerConfig,
+    renderer: R,
+    cache: SceneCache,
+    channel: Channel,
+    worker_id: RwLock<String>,
+    ttl_ms: AtomicU32,
+}
+
+/// Runs a worker until `shutdown` turns true. Tasks in flight are released
+/// back to the coordinator on shutdown.
+pub async fn run<R: Renderer>(config: WorkerConfig, renderer: R, shutdown: watch::Receiver<bool>) -> Result<(), Error> {
+    let channel = channel(&config.coordinator)?;
+    let cache = SceneCache::open(&config.cache)?;
+    let shared = Arc::new(Shared {
+        cache,
+        channel,
+        renderer,
+        worker_id: RwLock::new(String::new()),
+        ttl_ms: AtomicU32::new(30_000),
+        config,
+    });
+    register(&shared, &shutdown).await?;
+    let mut slots = Vec::new();
+    for slot in 0..shared.config.slots.max(1) {
+        let shared = shared.clone();
+        let shutdown = shutdown.clone();
+        slots.push(tokio::spawn(async move { slot_loop(shared, slot, shutdown).await }));
+    }
+    for s in slots {
+        let _ = s.await;
+    }
+    tracing::info!("worker stopped");
+    Ok(())
+}
+
+async fn register<R: Renderer>(shared: &Shared<R>, shutdown: &watch::Receiver<bool>) -> Result<(), Error> {
+    let mut client = pb::work_client::WorkClient::new(shared.channel.clone());
+    let previous = shared.worker_id.read().await.clone();
+    let info = pb::WorkerInfo {
+        name: shared.config.name.clone(),
+        slots: shared.config.slots,
+        device: shared.config.device.clone(),
+        blender_version: shared.config.blender_version.clone(),
+        cpu_cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+        previous_id: previous,
+    };
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match client.register(info.clone()).await {
+            Ok(r) => {
+                let r = r.into_inner();
+                tracing::info!(worker = %r.worker_id, coordinator = %shared.config.coordinator, "registered");
+                *shared.worker_id.write().await = r.worker_id;
+                shared.ttl_ms.store(r.lease_ttl_ms.max(300), Ordering::Relaxed);
+                return Ok(());
+            }
+            Err(s) if transient(&s) && !*shutdown.borrow() => {
+                tracing::warn!("cannot reach the coordinator at {}: {}; retrying", shared.config.coordinator, s.message());
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(3));
+            }
+            Err(s) => return Err(s.into()),
+        }
+    }
+}
+
+async fn slot_loop<R: Renderer>(shared: Arc<Shared<R>>, slot: u32, mut shutdown: watch::Receiver<bool>) {
+    let mut client = pb::work_client::WorkClient::new(shared.channel.clone());
+    let mut delay = Duration::from_millis(200);
+    while !*shutdown.borrow() {
+        let req = pb::LeaseRequest {
+            worker_id: shared.worker_id.read().await.clone(),
+            slot,
+            cached_scenes: shared.cache.digests(),
+            wait_ms: 15_000,
+        };
+        let answer = tokio::select! {
+            a = client.lease(req) => a,
+            _ = shutdown.changed() => break,
+        };
+        match answer {
+            Ok(r) => {
+                delay = Duration::from_millis(200);
+                if let Some(task) = r.into_inner().task {
+                    run_task(&shared, task, shutdown.clone()).await;
+                }
+            }
+            Err(s) if s.code() == Code::NotFound => {
+                tracing::warn!("the coordinator does not know this worker; registering again");
+                if let Err(e) = register(&shared, &shutdown).await {
+                    tracing::error!("cannot register again: {e}");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+            Err(s) => {
+                tracing::warn!(slot, "lease failed: {}; retrying in {delay:?}", s.message());
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(3));
+            }
+        }
+    }
+}
+
+/// Runs one task to its end, whatever happens; never panics the slot.
+async fn run_task<R: Renderer>(shared: &Shared<R>, task: pb::TaskAssignment, shutdown: watch::Receiver<bool>) {
+    let lease = task.lease_id.clone();
+    tracing::info!(%lease, frames = ?task.frames, attempt = task.attempt, "task started");
+    let client = pb::work_client::WorkClient::new(shared.channel.clone());
+    let done = Arc::new(AtomicU32::new(0));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let heartbeat = {
+        let mut client = client.clone();
+        let done = done.clone();
+        let lease = lease.clone();
+        let stop_tx = stop_tx.clone();
+        let lost = lost.clone();
+        let every = Duration::from_millis(u64::from(shared.ttl_ms.load(Ordering::Relaxed) / 3).max(100));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                let req = pb::ProgressRequest {
+                    lease_id: lease.clone(),
+                    frames_done: done.load(Ordering::Relaxed),
+                };
+                match client.progress(req).await {
+                    Ok(r) if !r.get_ref().keep_going => {
+                        tracing::warn!(%lease, "lease lost or job ended; stopping the task");
+                        lost.store(true, Ordering::Relaxed);
+                        let _ = stop_tx.send(true);
+                        return;
+                    }
+                    Ok(_) => {}
+                    Err(s) => tracing::warn!(%lease, "cannot renew the lease: {}", s.message()),
+                }
+            }
+        })
+    };
+    // A shutdown stops the render too; the task is then released.
+    let watcher = {
+        let mut shutdown = shutdown.clone();
+        let stop_tx = stop_tx.clone();
+        tokio::spawn(async move {
+            while !*shutdown.borrow() {
+                if shutdown.changed().await.is_err() {
+                    return;
+                }
+            }
+            let _ = stop_tx.send(true);
+        })
+    };
+    let outcome = execute(shared, &task, done.clone(), stop_rx).await;
+    heartbeat.abort();
+    watcher.abort();
+    match outcome {
+        Ok(outputs) => {
+            let req = pb::CompleteRequest {
+                lease_id: lease.clone(),
+                outputs,
+            };
+            match retry("reporting a result", RESULT_PATIENCE, || {
+                let (mut c, r) = (client.clone(), req.clone());
+                async move { c.complete(r).await }
+            }).await {
+                Ok(_) => tracing::info!(%lease, "task done"),
+                Err(s) => tracing::warn!(%lease, "result not recorded: {}", s.message()),
+            }
+        }
+        Err(RenderFailure::Stopped) if lost.load(Ordering::Relaxed) => {
+            tracing::info!(%lease, "task stopped");
+        }
+        Err(RenderFailure::Stopped) => {
+            let req = pb::ReleaseRequest { lease_id: lease.clone() };
+            match retry("releasing a task", Duration::from_secs(5), || {
+                let (mut c, r) = (client.clone(), req.clone());
+                async move { c.release(r).await }
+            }).await {
+                Ok(_) => tracing::info!(%lease, "task released for another worker"),
+                Err(s) => tracing::warn!(%lease, "cannot release the task: {}", s.message()),
+            }
+        }
+        Err(RenderFailure::Failed { reason, log_tail }) => {
+            tracing::warn!(%lease, "task failed: {reason}");
+            let req = pb::FailRequest {
+                lease_id: lease.clone(),
+                reason,
+                log_tail,
+            };
+            if let Err(s) = retry("reporting a failure", RESULT_PATIENCE, || {
+                let (mut c, r) = (client.clone(), req.clone());
+                async move { c.fail(r).await }
+            }).await {
+                tracing::warn!(%lease, "failure not recorded: {}", s.message());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(shared.config.cache.join("work").join(&lease));
+}
+
+/// Fetches, renders and uploads; returns the outputs to report.
+async fn execute<R: Renderer>(
+    shared: &Shared<R>,
+    task: &pb::TaskAssignment,
+    done: Arc<AtomicU32>,
+    stop: watch::Receiver<bool>,
+) -> Result<Vec<pb::FrameOutput>, RenderFailure> {
+    let failed = |reason: String| RenderFailure::Failed {
+        reason,
+        log_tail: String::new(),
+    };
+    let mut blobs = pb::blobs_client::BlobsClient::new(shared.channel.clone());
+    let scene = {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match shared.cache.scene(&task.scene_digest, &mut blobs).await {
+                Ok(p) => break p,
+                Err(Error::Rpc(s)) if transient(&s) && attempt < 20 => {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(e) => return Err(failed(format!("cannot fetch the scene: {e}"))),
+            }
+        }
+    };
+    let out_dir = shared
+        .cache
+        .work_dir(&task.lease_id)
+        .map_err(|e| failed(e.to_string()))?;
+    let req = RenderRequest {
+        scene,
+        frames: task.frames.clone(),
+        out_dir,
+        threads: shared.config.threads,
+    };
+    let frames = shared.renderer.render(req, done, stop).await?;
+    let mut outputs = Vec::with_capacity(frames.len());
+    for f in frames {
+        let (digest, size) = transfer::hash_file(&f.path).await.map_err(|e| failed(e.to_string()))?;
+        retry("uploading a frame", RESULT_PATIENCE, || {
+            let mut blobs = blobs.clone();
+            let (path, digest) = (f.path.clone(), digest.clone());
+            async move {
+                transfer::upload_file(&mut blobs, &path, &digest, size).await.map_err(|e| match e {
+                    Error::Rpc(s) => s,
+                    other => tonic::Status::internal(other.to_string()),
+                })
+            }
+        })
+        .await
+        .map_err(|s| failed(format!("cannot upload frame {}: {}", f.frame, s.message())))?;
+        outputs.push(pb::FrameOutput {
+            frame: f.frame,
+            digest,
+            ext: f.ext,
+            size,
+        });
+    }
+    Ok(outputs)
+}

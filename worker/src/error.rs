@@ -1,0 +1,46 @@
+//! The worker's error type.
+
+/// What went wrong in a worker.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Blender could not be started or identified.
+    #[error("cannot run Blender at `{path}`: {reason}; install it (apt-get install blender) or pass --blender PATH")]
+    Blender {
+        /// The executable tried.
+        path: String,
+        /// What happened.
+        reason: String,
+    },
+    /// The coordinator refused or failed a call.
+    #[error("coordinator: {0}")]
+    Rpc(#[from] tonic::Status),
+    /// The coordinator address is unusable.
+    #[error("bad coordinator address `{0}`; use a URL like http://127.0.0.1:7878")]
+    Address(String),
+    /// A downloaded blob did not match its digest.
+    #[error("blob {expected} arrived corrupted (hashed to {got})")]
+    Corrupt {
+        /// The digest asked for.
+        expected: String,
+        /// The digest of what arrived.
+        got: String,
+    },
+    /// A file-system operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// An I/O error with context.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}

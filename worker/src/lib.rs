@@ -1,0 +1,17 @@
+//! The Tessera worker: leases tasks from a coordinator and renders them with
+//! Blender.
+//!
+//! # Layout
+//! - [`agent`]: registration and the per-slot lease loop.
+//! - [`blender`]: running Blender and judging whether a render really worked.
+//! - [`cache`]: the scene cache, keyed by blake3 digest.
+//! - [`transfer`]: streaming blobs to and from a coordinator (also used by the CLI).
+//! - [`error`]: the worker's error type.
+
+pub mod agent;
+pub mod blender;
+pub mod cache;
+pub mod error;
+pub mod transfer;
+
+pub use error::Error;

@@ -1,0 +1,123 @@
+//! Moving blobs to and from a coordinator: streamed in 1 MiB chunks, hashed
+//! with blake3 on the way. Used by workers (scenes in, frames out) and by the
+//! CLI (scenes out, frames in).
+
+use std::path::Path;
+
+use tessera_proto as pb;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::transport::Channel;
+
+use crate::error::Error;
+
+/// Chunk size for uploads.
+const CHUNK: usize = 1 << 20;
+
+/// The blake3 digest (hex) and size of a file.
+pub async fn hash_file(path: &Path) -> Result<(String, u64), Error> {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let mut hasher = blake3::Hasher::new();
+        let file = std::fs::File::open(&path).map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
+        let size = std::io::copy(&mut std::io::BufReader::new(file), &mut hasher)
+            .map_err(|e| Error::io(format!("cannot read {}", path.display()), e))?;
+        Ok((hasher.finalize().to_hex().to_string(), size))
+    })
+    .await
+    .expect("hashing task")
+}
+
+/// Uploads `path` unless the coordinator already has `digest`. Returns the
+/// number of bytes sent (0 when it was already there).
+pub async fn upload_file(
+    blobs: &mut pb::blobs_client::BlobsClient<Channel>,
+    path: &Path,
+    digest: &str,
+    size: u64,
+) -> Result<u64, Error> {
+    let missing = blobs
+        .missing_blobs(pb::MissingBlobsRequest {
+            digests: vec![digest.to_string()],
+        })
+        .await?
+        .into_inner()
+        .missing;
+    if missing.is_empty() {
+        return Ok(0);
+    }
+    let mut file = tokio::fs::File::open(path)
+        .await
+        .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<pb::BlobChunk>(4);
+    let digest_owned = digest.to_string();
+    let display = path.display().to_string();
+    let reader = tokio::spawn(async move {
+        let mut first = true;
+        loop {
+            let mut buf = vec![0u8; CHUNK];
+            let n = file
+                .read(&mut buf)
+                .await
+                .map_err(|e| Error::io(format!("cannot read {display}"), e))?;
+            buf.truncate(n);
+            if n == 0 && !first {
+                break;
+            }
+            let chunk = pb::BlobChunk {
+                digest: if first { digest_owned.clone() } else { String::new() },
+                size,
+                data: buf,
+            };
+            first = false;
+            if tx.send(chunk).await.is_err() || n == 0 {
+                break;
+            }
+        }
+        Ok::<(), Error>(())
+    });
+    let sent = blobs.put_blob(tokio_stream::wrappers::ReceiverStream::new(rx)).await;
+    reader.await.expect("upload reader")?;
+    sent?;
+    Ok(size)
+}
+
+/// Downloads blob `digest` to `dest` (written to a temporary file beside it,
+/// verified, then renamed).
+pub async fn download_file(
+    blobs: &mut pb::blobs_client::BlobsClient<Channel>,
+    digest: &str,
+    dest: &Path,
+) -> Result<u64, Error> {
+    let dir = dest.parent().unwrap_or(Path::new("."));
+    let tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| Error::io(format!("cannot write to {}", dir.display()), e))?;
+    let (file, tmp_path) = tmp.into_parts();
+    let mut file = tokio::fs::File::from_std(file);
+    let mut hasher = blake3::Hasher::new();
+    let mut stream = blobs
+        .get_blob(pb::GetBlobRequest {
+            digest: digest.to_string(),
+        })
+        .await?
+        .into_inner();
+    let mut bytes = 0u64;
+    while let Some(chunk) = stream.message().await? {
+        hasher.update(&chunk.data);
+        bytes += chunk.data.len() as u64;
+        file.write_all(&chunk.data)
+            .await
+            .map_err(|e| Error::io(format!("cannot write {}", dest.display()), e))?;
+    }
+    file.flush().await.map_err(|e| Error::io(format!("cannot write {}", dest.display()), e))?;
+    drop(file);
+    let got = hasher.finalize().to_hex().to_string();
+    if got != digest {
+        return Err(Error::Corrupt {
+            expected: digest.to_string(),
+            got,
+        });
+    }
+    tmp_path
+        .persist(dest)
+        .map_err(|e| Error::io(format!("cannot write {}", dest.display()), e.error))?;
+    Ok(bytes)
+}
