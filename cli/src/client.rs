@@ -51,7 +51,8 @@ impl Client {
     /// One job.
     pub async fn job(&mut self, id: u64) -> Result<pb::JobView> {
         let r = self.farm.get_job(pb::JobRef { job_id: id }).await;
-        r.map(tonic::Response::into_inner).map_err(|s| self.explain(s))
+        r.map(tonic::Response::into_inner)
+            .map_err(|s| self.explain(s))
     }
 }
 
@@ -87,8 +88,16 @@ pub async fn scene_frames(blender: &Path, scene: &Path) -> Result<String> {
     let line = text
         .lines()
         .find_map(|l| l.strip_prefix("TESSERA_RANGE "))
-        .ok_or_else(|| anyhow!("Blender could not read the frame range of {}; pass --frames", scene.display()))?;
-    let n: Vec<u32> = line.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        .ok_or_else(|| {
+            anyhow!(
+                "Blender could not read the frame range of {}; pass --frames",
+                scene.display()
+            )
+        })?;
+    let n: Vec<u32> = line
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
     match n.as_slice() {
         [a, b, 1] => Ok(format!("{a}-{b}")),
         [a, b, s] => Ok(format!("{a}-{b}x{s}")),
@@ -98,7 +107,9 @@ pub async fn scene_frames(blender: &Path, scene: &Path) -> Result<String> {
 
 /// Validates the frame set here, for an early and clear error.
 pub fn check_frames(frames: &str) -> Result<()> {
-    FrameSet::parse(frames, u64::MAX).map(drop).map_err(|e| anyhow!("{e}"))
+    FrameSet::parse(frames, u64::MAX)
+        .map(drop)
+        .map_err(|e| anyhow!("{e}"))
 }
 
 /// Uploads the scene if the coordinator lacks it; returns (digest, bytes sent).
@@ -118,9 +129,11 @@ pub async fn upload_scene(client: &mut Client, scene: &Path) -> Result<(String, 
 fn bar(total: u64) -> ProgressBar {
     let pb = ProgressBar::new(total);
     pb.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40.cyan/blue} {pos}/{len} frames  {msg}")
-            .expect("valid template")
-            .progress_chars("=> "),
+        ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {bar:40.cyan/blue} {pos}/{len} frames  {msg}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
     );
     pb.enable_steady_tick(Duration::from_millis(200));
     pb
@@ -153,7 +166,10 @@ pub async fn wait(client: &mut Client, id: u64) -> Result<pb::JobView> {
                 b.set_message(match pb::JobState::try_from(job.state) {
                     Ok(pb::JobState::Queued) => "queued".to_string(),
                     Ok(pb::JobState::Running) => format!("running on {running} slot(s)"),
-                    Ok(s) => s.as_str_name().trim_start_matches("JOB_STATE_").to_lowercase(),
+                    Ok(s) => s
+                        .as_str_name()
+                        .trim_start_matches("JOB_STATE_")
+                        .to_lowercase(),
                     Err(_) => String::new(),
                 });
                 match pb::JobState::try_from(job.state) {

@@ -19,9 +19,20 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Submit(args) => submit(&url, args).await,
         Command::Jobs(j) => {
             let mut c = Client::new(&url)?;
-            let jobs = c.farm.list_jobs(pb::ListJobsRequest {}).await.map_err(|s| c.explain(s))?.into_inner().jobs;
+            let jobs = c
+                .farm
+                .list_jobs(pb::ListJobsRequest {})
+                .await
+                .map_err(|s| c.explain(s))?
+                .into_inner()
+                .jobs;
             if j.json {
-                println!("{}", serde_json::to_string_pretty(&jobs.iter().map(show::job_json).collect::<Vec<_>>())?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(
+                        &jobs.iter().map(show::job_json).collect::<Vec<_>>()
+                    )?
+                );
             } else {
                 show::jobs(&jobs);
             }
@@ -47,26 +58,47 @@ pub async fn run(cli: Cli) -> Result<()> {
             let mut c = Client::new(&url)?;
             let j = c.job(job).await?;
             if j.outputs.is_empty() {
-                bail!("job {job} has no rendered frames yet; wait for it with `tessera watch {job}`");
+                bail!(
+                    "job {job} has no rendered frames yet; wait for it with `tessera watch {job}`"
+                );
             }
             let paths = client::fetch(&mut c, &j, &output).await?;
             eprintln!("{} frame(s) written to {}", paths.len(), output.display());
             if j.outputs.len() < j.frames_total as usize {
-                eprintln!("job {job} is {}: {} of {} frames so far", show::job_json(&j)["state"], j.outputs.len(), j.frames_total);
+                eprintln!(
+                    "job {job} is {}: {} of {} frames so far",
+                    show::job_json(&j)["state"],
+                    j.outputs.len(),
+                    j.frames_total
+                );
             }
             Ok(())
         }
         Command::Cancel { job } => {
             let mut c = Client::new(&url)?;
-            c.farm.cancel_job(pb::JobRef { job_id: job }).await.map_err(|s| c.explain(s))?;
+            c.farm
+                .cancel_job(pb::JobRef { job_id: job })
+                .await
+                .map_err(|s| c.explain(s))?;
             eprintln!("job {job} canceled");
             Ok(())
         }
         Command::Workers(j) => {
             let mut c = Client::new(&url)?;
-            let workers = c.farm.list_workers(pb::ListWorkersRequest {}).await.map_err(|s| c.explain(s))?.into_inner().workers;
+            let workers = c
+                .farm
+                .list_workers(pb::ListWorkersRequest {})
+                .await
+                .map_err(|s| c.explain(s))?
+                .into_inner()
+                .workers;
             if j.json {
-                println!("{}", serde_json::to_string_pretty(&workers.iter().map(show::worker_json).collect::<Vec<_>>())?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(
+                        &workers.iter().map(show::worker_json).collect::<Vec<_>>()
+                    )?
+                );
             } else {
                 show::workers(&workers);
             }
@@ -78,7 +110,8 @@ pub async fn run(cli: Cli) -> Result<()> {
 
 /// Resolves when SIGINT or SIGTERM arrives.
 pub async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("signal handler");
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
@@ -88,7 +121,10 @@ pub async fn shutdown_signal() {
 /// Coordinator settings from the command line.
 pub fn coordinator_config(a: &CoordinatorArgs) -> Result<tessera_coordinator::Config> {
     if !(a.lease_ttl.is_finite() && a.lease_ttl >= 0.3) {
-        bail!("--lease-ttl {} is too short; use 0.3 seconds or more", a.lease_ttl);
+        bail!(
+            "--lease-ttl {} is too short; use 0.3 seconds or more",
+            a.lease_ttl
+        );
     }
     Ok(tessera_coordinator::Config {
         lease_ttl_ms: (a.lease_ttl * 1000.0) as u64,
@@ -102,9 +138,12 @@ async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     let config = coordinator_config(&args)?;
     let coord = tessera_coordinator::Coordinator::open(&args.data, config)
         .with_context(|| format!("cannot open the data directory {}", args.data.display()))?;
-    let listener = TcpListener::bind(&args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}; is another coordinator running there? pick another --listen", args.listen))?;
+    let listener = TcpListener::bind(&args.listen).await.with_context(|| {
+        format!(
+            "cannot listen on {}; is another coordinator running there? pick another --listen",
+            args.listen
+        )
+    })?;
     let addr = listener.local_addr()?;
     // Scripts and tests read this line to learn the port when --listen ends in :0.
     println!("tessera coordinator listening on {addr}");
@@ -122,7 +161,9 @@ async fn worker(url: &str, args: WorkerArgs) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     let slots = args.slots.max(1);
     let name = args.name.unwrap_or_else(|| {
-        std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "worker".into())
+        std::fs::read_to_string("/etc/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "worker".into())
     });
     let config = tessera_worker::agent::WorkerConfig {
         coordinator: url.to_string(),
@@ -152,7 +193,10 @@ async fn worker(url: &str, args: WorkerArgs) -> Result<()> {
 pub async fn prepare(job: &JobArgs) -> Result<String> {
     client::check_scene(&job.scene)?;
     if job.chunk < 1 {
-        bail!("--chunk {} is not a frame count; use 1 or more frames per task", job.chunk);
+        bail!(
+            "--chunk {} is not a frame count; use 1 or more frames per task",
+            job.chunk
+        );
     }
     let frames = match &job.frames {
         Some(f) => f.clone(),
@@ -183,7 +227,13 @@ pub async fn submit_job(c: &mut Client, job: &JobArgs, frames: String) -> Result
         priority: job.priority,
         max_attempts: job.max_attempts.unwrap_or(0),
     };
-    let id = c.farm.submit_job(spec).await.map_err(|s| c.explain(s))?.into_inner().job_id;
+    let id = c
+        .farm
+        .submit_job(spec)
+        .await
+        .map_err(|s| c.explain(s))?
+        .into_inner()
+        .job_id;
     Ok(id)
 }
 

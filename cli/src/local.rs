@@ -13,11 +13,20 @@ use crate::RenderArgs;
 pub async fn render(args: RenderArgs) -> Result<()> {
     let frames = prepare(&args.job).await?;
     let version = blender_version(&args.job.blender).await?;
-    let scratch = tempfile::Builder::new().prefix("tessera-render-").tempdir().context("cannot create a temporary directory")?;
-    let data = args.data.clone().unwrap_or_else(|| scratch.path().join("data"));
-    let coord = tessera_coordinator::Coordinator::open(&data, tessera_coordinator::Config::default())
-        .with_context(|| format!("cannot open the data directory {}", data.display()))?;
-    let listener = TcpListener::bind("127.0.0.1:0").await.context("cannot open a local port")?;
+    let scratch = tempfile::Builder::new()
+        .prefix("tessera-render-")
+        .tempdir()
+        .context("cannot create a temporary directory")?;
+    let data = args
+        .data
+        .clone()
+        .unwrap_or_else(|| scratch.path().join("data"));
+    let coord =
+        tessera_coordinator::Coordinator::open(&data, tessera_coordinator::Config::default())
+            .with_context(|| format!("cannot open the data directory {}", data.display()))?;
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .context("cannot open a local port")?;
     let url = format!("http://{}", listener.local_addr()?);
     let (stop_tx, stop_rx) = watch::channel(false);
     let server = {
@@ -44,7 +53,11 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         blender: args.job.blender.clone(),
         device: tessera_worker::blender::Device::Cpu,
     };
-    let worker = tokio::spawn(tessera_worker::agent::run(config, renderer, stop_rx.clone()));
+    let worker = tokio::spawn(tessera_worker::agent::run(
+        config,
+        renderer,
+        stop_rx.clone(),
+    ));
     let result = async {
         let mut c = Client::new(&url)?;
         let id = submit_job(&mut c, &args.job, frames).await?;
@@ -60,7 +73,11 @@ pub async fn render(args: RenderArgs) -> Result<()> {
     settle(worker).await;
     settle(server).await;
     let paths = result?;
-    eprintln!("{} frame(s) written to {}", paths.len(), args.output.display());
+    eprintln!(
+        "{} frame(s) written to {}",
+        paths.len(),
+        args.output.display()
+    );
     for p in &paths {
         println!("{}", p.display());
     }

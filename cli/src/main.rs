@@ -16,7 +16,12 @@ use clap::{Args, Parser, Subcommand};
 #[command(name = "tessera", version, about, propagate_version = true)]
 struct Cli {
     /// Coordinator URL for client commands and workers.
-    #[arg(long, global = true, env = "TESSERA_COORDINATOR", default_value = "http://127.0.0.1:7878")]
+    #[arg(
+        long,
+        global = true,
+        env = "TESSERA_COORDINATOR",
+        default_value = "http://127.0.0.1:7878"
+    )]
     coordinator: String,
     /// Log format: human or json.
     #[arg(long, global = true, default_value = "human", value_parser = ["human", "json"])]
@@ -126,7 +131,7 @@ struct JobArgs {
     #[arg(long)]
     frames: Option<String>,
     /// Frames per task.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     chunk: i64,
     /// Higher runs first.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
@@ -169,7 +174,9 @@ struct RenderArgs {
 fn init_logging(format: &str, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if format == "json" {
         builder.json().init();
     } else {
@@ -181,7 +188,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let server = matches!(cli.command, Command::Coordinator(_) | Command::Worker(_));
     init_logging(&cli.log_format, if server { "info" } else { "warn" });
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

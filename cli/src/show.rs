@@ -5,13 +5,21 @@ use tessera_proto as pb;
 
 fn job_state(s: i32) -> String {
     pb::JobState::try_from(s)
-        .map(|s| s.as_str_name().trim_start_matches("JOB_STATE_").to_lowercase())
+        .map(|s| {
+            s.as_str_name()
+                .trim_start_matches("JOB_STATE_")
+                .to_lowercase()
+        })
         .unwrap_or_else(|_| "unknown".into())
 }
 
 fn task_state(s: i32) -> String {
     pb::TaskState::try_from(s)
-        .map(|s| s.as_str_name().trim_start_matches("TASK_STATE_").to_lowercase())
+        .map(|s| {
+            s.as_str_name()
+                .trim_start_matches("TASK_STATE_")
+                .to_lowercase()
+        })
         .unwrap_or_else(|_| "unknown".into())
 }
 
@@ -86,7 +94,11 @@ fn table(header: &[&str], rows: Vec<Vec<String>>) {
         }
     }
     let line = |cells: Vec<String>| {
-        let parts: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        let parts: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
         println!("{}", parts.join("  ").trim_end());
     };
     line(header.iter().map(|h| h.to_string()).collect());
@@ -115,16 +127,42 @@ pub fn jobs(jobs: &[pb::JobView]) {
             ]
         })
         .collect();
-    table(&["ID", "STATE", "DONE", "FRAMES", "PRIO", "SCENE", "SUBMITTED"], rows);
+    table(
+        &[
+            "ID",
+            "STATE",
+            "DONE",
+            "FRAMES",
+            "PRIO",
+            "SCENE",
+            "SUBMITTED",
+        ],
+        rows,
+    );
 }
 
 /// One job in detail.
 pub fn job(j: &pb::JobView) {
     println!("job {}  {}", j.id, job_state(j.state));
-    println!("  scene     {} ({})", j.scene_name, &j.scene_digest[..j.scene_digest.len().min(16)]);
-    println!("  frames    {}  ({} done of {})", j.frames, j.outputs.len(), j.frames_total);
-    println!("  tasks     {} done, {} running, {} failed, {} total  (chunk {})", j.tasks_done, j.tasks_running, j.tasks_failed, j.tasks_total, j.chunk);
-    println!("  priority  {}   max attempts {}", j.priority, j.max_attempts);
+    println!(
+        "  scene     {} ({})",
+        j.scene_name,
+        &j.scene_digest[..j.scene_digest.len().min(16)]
+    );
+    println!(
+        "  frames    {}  ({} done of {})",
+        j.frames,
+        j.outputs.len(),
+        j.frames_total
+    );
+    println!(
+        "  tasks     {} done, {} running, {} failed, {} total  (chunk {})",
+        j.tasks_done, j.tasks_running, j.tasks_failed, j.tasks_total, j.chunk
+    );
+    println!(
+        "  priority  {}   max attempts {}",
+        j.priority, j.max_attempts
+    );
     println!("  submitted {}", age(j.created_ms));
     if !j.message.is_empty() {
         println!("  message   {}", j.message.replace('\n', "\n            "));
@@ -139,7 +177,14 @@ pub fn job(j: &pb::JobView) {
                 [first, .., last] => format!("{first}-{last}"),
                 [] => String::new(),
             };
-            let first_line = t.message.lines().next().unwrap_or("").chars().take(80).collect::<String>();
+            let first_line = t
+                .message
+                .lines()
+                .next()
+                .unwrap_or("")
+                .chars()
+                .take(80)
+                .collect::<String>();
             vec![
                 t.index.to_string(),
                 frames,
@@ -150,7 +195,17 @@ pub fn job(j: &pb::JobView) {
             ]
         })
         .collect();
-    table(&["TASK", "FRAMES", "STATE", "WORKER", "FAILURES", "LAST ERROR"], rows);
+    table(
+        &[
+            "TASK",
+            "FRAMES",
+            "STATE",
+            "WORKER",
+            "FAILURES",
+            "LAST ERROR",
+        ],
+        rows,
+    );
 }
 
 /// The workers table.
@@ -175,5 +230,18 @@ pub fn workers(workers: &[pb::WorkerView]) {
             ]
         })
         .collect();
-    table(&["ID", "NAME", "STATE", "BUSY", "DONE", "FAILED", "DEVICE", "BLENDER", "LAST SEEN"], rows);
+    table(
+        &[
+            "ID",
+            "NAME",
+            "STATE",
+            "BUSY",
+            "DONE",
+            "FAILED",
+            "DEVICE",
+            "BLENDER",
+            "LAST SEEN",
+        ],
+        rows,
+    );
 }

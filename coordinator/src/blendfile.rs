@@ -53,12 +53,20 @@ mod tests {
     fn headers() {
         assert_eq!(sniff(b"BLENDER-v304REND"), Ok(BlendKind::Plain));
         assert_eq!(sniff(b"BLENDER_V279xxxx"), Ok(BlendKind::Plain));
-        assert_eq!(sniff(&[0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0, 0, 0, 0, 0, 0]), Ok(BlendKind::Zstd));
-        assert_eq!(sniff(&[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0]), Ok(BlendKind::Gzip));
+        assert_eq!(
+            sniff(&[0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0, 0, 0, 0, 0, 0]),
+            Ok(BlendKind::Zstd)
+        );
+        assert_eq!(
+            sniff(&[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+            Ok(BlendKind::Gzip)
+        );
         assert_eq!(sniff(b""), Err(NotBlend::TooShort(0)));
         assert_eq!(sniff(b"BLENDER-v3"), Err(NotBlend::TooShort(10)));
         assert_eq!(sniff(b"BLENDER-x304...."), Err(NotBlend::BadHeader));
         assert_eq!(sniff(b"\x89PNG\r\n\x1a\n0000"), Err(NotBlend::BadHeader));
-        assert!(NotBlend::BadHeader.to_string().contains("re-save it in Blender"));
+        assert!(NotBlend::BadHeader
+            .to_string()
+            .contains("re-save it in Blender"));
     }
 }

@@ -56,7 +56,8 @@ impl FsBlobStore {
     /// earlier crash are removed.
     pub fn open(root: &Path, max_blob: u64) -> Result<Self, Error> {
         let tmp = root.join("tmp");
-        std::fs::create_dir_all(&tmp).map_err(|e| Error::io(format!("cannot create {}", tmp.display()), e))?;
+        std::fs::create_dir_all(&tmp)
+            .map_err(|e| Error::io(format!("cannot create {}", tmp.display()), e))?;
         if let Ok(entries) = std::fs::read_dir(&tmp) {
             for entry in entries.flatten() {
                 let _ = std::fs::remove_file(entry.path());
@@ -222,7 +223,11 @@ impl BlobStore for MemoryBlobStore {
     }
 
     fn size(&self, digest: &Digest) -> Option<u64> {
-        self.blobs.lock().unwrap().get(digest).map(|b| b.len() as u64)
+        self.blobs
+            .lock()
+            .unwrap()
+            .get(digest)
+            .map(|b| b.len() as u64)
     }
 
     fn writer(&self, digest: Digest, _size: u64) -> Result<Box<dyn BlobWriter>, Error> {
@@ -257,7 +262,10 @@ mod tests {
     fn stores() -> (tempfile::TempDir, Vec<Box<dyn BlobStore>>) {
         let dir = tempfile::tempdir().unwrap();
         let fs = FsBlobStore::open(&dir.path().join("blobs"), 1 << 20).unwrap();
-        (dir, vec![Box::new(fs), Box::new(MemoryBlobStore::default())])
+        (
+            dir,
+            vec![Box::new(fs), Box::new(MemoryBlobStore::default())],
+        )
     }
 
     #[test]

@@ -82,7 +82,8 @@ impl From<JobState> for pb::JobState {
 impl From<&JobSnapshot> for pb::JobView {
     fn from(s: &JobSnapshot) -> Self {
         let j = &s.job;
-        let count = |f: fn(&TaskState) -> bool| s.tasks.iter().filter(|t| f(&t.state)).count() as u32;
+        let count =
+            |f: fn(&TaskState) -> bool| s.tasks.iter().filter(|t| f(&t.state)).count() as u32;
         let tasks = s
             .tasks
             .iter()

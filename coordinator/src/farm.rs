@@ -176,7 +176,12 @@ impl Farm {
             }
         }
         let open = state.jobs.values().filter(|j| !j.state.is_final()).count();
-        tracing::info!(jobs = state.jobs.len(), open, workers = state.workers.len(), "recovered state");
+        tracing::info!(
+            jobs = state.jobs.len(),
+            open,
+            workers = state.workers.len(),
+            "recovered state"
+        );
         Ok(Self {
             state: Mutex::new(state),
             store,
@@ -205,7 +210,8 @@ impl Farm {
 
     /// Accepts a job: validates it, splits it into tasks and stores it.
     pub fn submit(&self, sub: Submission) -> Result<JobId, Error> {
-        let frames = FrameSet::parse(&sub.frames, self.config.max_frames).map_err(|e| Error::Invalid(e.to_string()))?;
+        let frames = FrameSet::parse(&sub.frames, self.config.max_frames)
+            .map_err(|e| Error::Invalid(e.to_string()))?;
         if !self.blobs.contains(&sub.scene) {
             return Err(Error::invalid(format!(
                 "scene {} has not been uploaded; upload it before submitting (tessera submit does this)",
@@ -219,10 +225,19 @@ impl Farm {
         let chunk = if sub.chunk == 0 { 1 } else { sub.chunk };
         let max_attempts = match sub.max_attempts {
             0 => self.config.max_attempts,
-            n if n > 100 => return Err(Error::invalid("max attempts is over 100; use a smaller number")),
+            n if n > 100 => {
+                return Err(Error::invalid(
+                    "max attempts is over 100; use a smaller number",
+                ))
+            }
             n => n,
         };
-        let name: String = sub.scene_name.chars().filter(|c| !c.is_control()).take(200).collect();
+        let name: String = sub
+            .scene_name
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(200)
+            .collect();
         let chunks = frames.chunks(chunk);
         let now = self.clock.now_ms();
         let mut st = self.lock();
@@ -230,7 +245,11 @@ impl Farm {
         let job = Job {
             id,
             scene: sub.scene,
-            scene_name: if name.is_empty() { "scene.blend".into() } else { name },
+            scene_name: if name.is_empty() {
+                "scene.blend".into()
+            } else {
+                name
+            },
             frames: frames.to_string(),
             frame_count: frames.len() as u32,
             chunk,
@@ -262,7 +281,10 @@ impl Farm {
     /// One job and its tasks.
     pub fn job(&self, id: JobId) -> Result<JobSnapshot, Error> {
         let st = self.lock();
-        let job = st.jobs.get(&id).ok_or_else(|| Error::NotFound(format!("job {id}")))?;
+        let job = st
+            .jobs
+            .get(&id)
+            .ok_or_else(|| Error::NotFound(format!("job {id}")))?;
         Ok(JobSnapshot {
             job: job.clone(),
             tasks: st.tasks.get(&id).cloned().unwrap_or_default(),
@@ -286,7 +308,9 @@ impl Farm {
         let now = self.clock.now_ms();
         let mut st = self.lock();
         let State { jobs, tasks, .. } = &mut *st;
-        let job = jobs.get_mut(&id).ok_or_else(|| Error::NotFound(format!("job {id}")))?;
+        let job = jobs
+            .get_mut(&id)
+            .ok_or_else(|| Error::NotFound(format!("job {id}")))?;
         let mut new_job = job.clone();
         new_job.cancel(now)?;
         let mut new_tasks = tasks.get(&id).cloned().unwrap_or_default();
@@ -327,7 +351,12 @@ impl Farm {
         let old = st.workers.get(&id);
         let record = WorkerRecord {
             id: id.clone(),
-            name: reg.name.chars().filter(|c| !c.is_control()).take(100).collect(),
+            name: reg
+                .name
+                .chars()
+                .filter(|c| !c.is_control())
+                .take(100)
+                .collect(),
             slots: reg.slots.clamp(1, 1024),
             device: reg.device,
             blender_version: reg.blender_version,
@@ -357,7 +386,11 @@ impl Farm {
     }
 
     /// Leases the best task for `worker` now, if any.
-    pub fn try_lease(&self, worker: &WorkerId, cached: &HashSet<Digest>) -> Result<Option<Assignment>, Error> {
+    pub fn try_lease(
+        &self,
+        worker: &WorkerId,
+        cached: &HashSet<Digest>,
+    ) -> Result<Option<Assignment>, Error> {
         let now = self.clock.now_ms();
         let mut st = self.lock();
         Self::touch(&mut st, worker, now)?;
@@ -372,7 +405,8 @@ impl Farm {
         let lease = new_task.lease(worker, now, self.config.lease_ttl_ms)?;
         let mut new_job = job.clone();
         new_job.start()?;
-        self.store.write(&[Record::Task(&new_task), Record::Job(&new_job)])?;
+        self.store
+            .write(&[Record::Task(&new_task), Record::Job(&new_job)])?;
         tracing::info!(lease = %lease, worker = %worker, frames = ?new_task.frames, "task leased");
         let assignment = Assignment {
             lease,
@@ -411,7 +445,10 @@ impl Farm {
     /// Copies of the task named by `lease` and of its job, for a change to
     /// be computed on before it is written.
     fn find(st: &State, lease: LeaseId) -> Result<(Task, Job), Error> {
-        let job = st.jobs.get(&lease.job).ok_or_else(|| Error::NotFound(format!("job {}", lease.job)))?;
+        let job = st
+            .jobs
+            .get(&lease.job)
+            .ok_or_else(|| Error::NotFound(format!("job {}", lease.job)))?;
         let task = st
             .tasks
             .get(&lease.job)
@@ -463,7 +500,10 @@ impl Farm {
         let mut st = self.lock();
         let ttl = self.config.lease_ttl_ms;
         let State { tasks, workers, .. } = &mut *st;
-        let Some(task) = tasks.get_mut(&lease.job).and_then(|t| t.get_mut(lease.task as usize)) else {
+        let Some(task) = tasks
+            .get_mut(&lease.job)
+            .and_then(|t| t.get_mut(lease.task as usize))
+        else {
             return Ok(false);
         };
         if let Some(w) = task.holder().and_then(|h| workers.get_mut(h)) {
@@ -481,8 +521,14 @@ impl Farm {
                     o.frame, o.digest
                 )));
             }
-            if o.ext.is_empty() || o.ext.len() > 8 || !o.ext.bytes().all(|b| b.is_ascii_alphanumeric()) {
-                return Err(Error::invalid(format!("`{}` is not a file extension", o.ext)));
+            if o.ext.is_empty()
+                || o.ext.len() > 8
+                || !o.ext.bytes().all(|b| b.is_ascii_alphanumeric())
+            {
+                return Err(Error::invalid(format!(
+                    "`{}` is not a file extension",
+                    o.ext
+                )));
             }
         }
         let now = self.clock.now_ms();
@@ -494,7 +540,9 @@ impl Farm {
             tracing::info!(lease = %lease, "duplicate result ignored");
             return Ok(completion);
         }
-        let all_done = st.tasks[&lease.job].iter().all(|t| t.index == task.index || t.is_done());
+        let all_done = st.tasks[&lease.job]
+            .iter()
+            .all(|t| t.index == task.index || t.is_done());
         tracing::info!(lease = %lease, "task done");
         if all_done && !job.state.is_final() {
             job.finish(now)?;
@@ -525,7 +573,10 @@ impl Farm {
         let mut changed = Vec::new();
         if outcome == FailOutcome::Failed && !job.state.is_final() {
             job.fail(
-                format!("frames {:?} failed {} times; last error: {}", task.frames, task.failures, message),
+                format!(
+                    "frames {:?} failed {} times; last error: {}",
+                    task.frames, task.failures, message
+                ),
                 now,
             )?;
             changed = st.tasks[&lease.job]
@@ -596,7 +647,12 @@ impl Farm {
             .map(|w| WorkerSnapshot {
                 record: w.clone(),
                 online: self.online(w, now),
-                running: st.tasks.values().flatten().filter(|t| t.holder() == Some(&w.id)).count() as u32,
+                running: st
+                    .tasks
+                    .values()
+                    .flatten()
+                    .filter(|t| t.holder() == Some(&w.id))
+                    .count() as u32,
             })
             .collect()
     }
@@ -606,20 +662,36 @@ impl Farm {
 /// the job with the fewest running tasks (fair share), then the one whose
 /// scene the worker has cached, then the oldest. A task that failed on this
 /// worker goes to another unless every online worker has failed it.
-fn pick(st: &State, worker: &WorkerId, cached: &HashSet<Digest>, online: usize) -> Option<(JobId, usize)> {
+fn pick(
+    st: &State,
+    worker: &WorkerId,
+    cached: &HashSet<Digest>,
+    online: usize,
+) -> Option<(JobId, usize)> {
     let mut candidates: Vec<(&Job, usize)> = st
         .jobs
         .values()
         .filter(|j| !j.state.is_final())
         .map(|j| {
-            let running = st.tasks[&j.id].iter().filter(|t| t.holder().is_some()).count();
+            let running = st.tasks[&j.id]
+                .iter()
+                .filter(|t| t.holder().is_some())
+                .count();
             (j, running)
         })
         .collect();
-    candidates.sort_by_key(|(j, running)| (std::cmp::Reverse(j.priority), *running, !cached.contains(&j.scene), j.id));
+    candidates.sort_by_key(|(j, running)| {
+        (
+            std::cmp::Reverse(j.priority),
+            *running,
+            !cached.contains(&j.scene),
+            j.id,
+        )
+    });
     for (job, _) in candidates {
         let found = st.tasks[&job.id].iter().position(|t| {
-            t.state == TaskState::Queued && (!t.failed_on.contains(worker) || t.failed_on.len() >= online.max(1))
+            t.state == TaskState::Queued
+                && (!t.failed_on.contains(worker) || t.failed_on.len() >= online.max(1))
         });
         if let Some(i) = found {
             return Some((job.id, i));
@@ -706,15 +778,27 @@ mod tests {
         let f = fixture();
         let job = f.farm.submit(sub(f.scene, "1-5", 2)).unwrap();
         let snap = f.farm.job(job).unwrap();
-        assert_eq!(snap.tasks.iter().map(|t| t.frames.clone()).collect::<Vec<_>>(), vec![vec![1, 2], vec![3, 4], vec![5]]);
+        assert_eq!(
+            snap.tasks
+                .iter()
+                .map(|t| t.frames.clone())
+                .collect::<Vec<_>>(),
+            vec![vec![1, 2], vec![3, 4], vec![5]]
+        );
         let w = worker(&f.farm, "a");
         while let Some(a) = f.farm.try_lease(&w, &HashSet::new()).unwrap() {
             let outs = a.frames.iter().map(|&fr| output(&f, fr)).collect();
-            assert_eq!(f.farm.complete(a.lease, outs).unwrap(), Completion::Recorded);
+            assert_eq!(
+                f.farm.complete(a.lease, outs).unwrap(),
+                Completion::Recorded
+            );
         }
         let snap = f.farm.job(job).unwrap();
         assert_eq!(snap.job.state, JobState::Done);
-        assert_eq!(snap.outputs().iter().map(|o| o.frame).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5]);
+        assert_eq!(
+            snap.outputs().iter().map(|o| o.frame).collect::<Vec<_>>(),
+            vec![1, 2, 3, 4, 5]
+        );
     }
 
     #[test]
@@ -722,8 +806,14 @@ mod tests {
         let f = fixture();
         let err = f.farm.submit(sub(Digest::of(b"nope"), "1", 1)).unwrap_err();
         assert!(err.to_string().contains("has not been uploaded"), "{err}");
-        assert!(matches!(f.farm.submit(sub(f.scene, "5-1", 1)), Err(Error::Invalid(_))));
-        assert!(matches!(f.farm.submit(sub(f.scene, "1-5000", 1)), Err(Error::Invalid(_))));
+        assert!(matches!(
+            f.farm.submit(sub(f.scene, "5-1", 1)),
+            Err(Error::Invalid(_))
+        ));
+        assert!(matches!(
+            f.farm.submit(sub(f.scene, "1-5000", 1)),
+            Err(Error::Invalid(_))
+        ));
         assert!(f.farm.jobs().is_empty());
     }
 
@@ -736,16 +826,25 @@ mod tests {
         let first = f.farm.try_lease(&a, &HashSet::new()).unwrap().unwrap();
         assert!(f.farm.try_lease(&b, &HashSet::new()).unwrap().is_none());
         f.clock.advance(600);
-        assert!(f.farm.progress(first.lease, 0).unwrap(), "renewal keeps the lease");
+        assert!(
+            f.farm.progress(first.lease, 0).unwrap(),
+            "renewal keeps the lease"
+        );
         f.clock.advance(600);
         assert_eq!(f.farm.expire_leases().unwrap(), 0);
         f.clock.advance(500);
         assert_eq!(f.farm.expire_leases().unwrap(), 1);
         let second = f.farm.try_lease(&b, &HashSet::new()).unwrap().unwrap();
-        assert!(!f.farm.progress(first.lease, 0).unwrap(), "the old holder is told to stop");
+        assert!(
+            !f.farm.progress(first.lease, 0).unwrap(),
+            "the old holder is told to stop"
+        );
         let out = output(&f, 1);
         f.farm.complete(second.lease, vec![out.clone()]).unwrap();
-        assert_eq!(f.farm.complete(first.lease, vec![out]).unwrap(), Completion::Duplicate);
+        assert_eq!(
+            f.farm.complete(first.lease, vec![out]).unwrap(),
+            Completion::Duplicate
+        );
         assert_eq!(f.farm.job(job).unwrap().job.state, JobState::Done);
     }
 
@@ -756,18 +855,27 @@ mod tests {
         let a = worker(&f.farm, "a");
         let b = worker(&f.farm, "b");
         let l = f.farm.try_lease(&a, &HashSet::new()).unwrap().unwrap();
-        assert_eq!(f.farm.fail(l.lease, "Error: boom", "log").unwrap(), FailOutcome::Retry);
+        assert_eq!(
+            f.farm.fail(l.lease, "Error: boom", "log").unwrap(),
+            FailOutcome::Retry
+        );
         // Worker a gets the other task, not the one it failed.
         let next = f.farm.try_lease(&a, &HashSet::new()).unwrap().unwrap();
         assert_ne!(next.lease.task, l.lease.task);
         let retry = f.farm.try_lease(&b, &HashSet::new()).unwrap().unwrap();
         assert_eq!(retry.lease.task, l.lease.task);
         assert_eq!(retry.attempt, 2);
-        assert_eq!(f.farm.fail(retry.lease, "Error: boom", "the tail").unwrap(), FailOutcome::Failed);
+        assert_eq!(
+            f.farm.fail(retry.lease, "Error: boom", "the tail").unwrap(),
+            FailOutcome::Failed
+        );
         let snap = f.farm.job(job).unwrap();
         assert_eq!(snap.job.state, JobState::Failed);
         assert!(snap.job.message.contains("Error: boom") && snap.job.message.contains("the tail"));
-        assert!(!f.farm.progress(next.lease, 0).unwrap(), "other tasks of a failed job stop");
+        assert!(
+            !f.farm.progress(next.lease, 0).unwrap(),
+            "other tasks of a failed job stop"
+        );
     }
 
     #[test]
@@ -780,7 +888,14 @@ mod tests {
         let other = f.farm.submit(sub(f.scene, "1-3", 1)).unwrap();
         let w = worker(&f.farm, "a");
         let order: Vec<JobId> = (0..6)
-            .map(|_| f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap().lease.job)
+            .map(|_| {
+                f.farm
+                    .try_lease(&w, &HashSet::new())
+                    .unwrap()
+                    .unwrap()
+                    .lease
+                    .job
+            })
             .collect();
         assert_eq!(&order[..2], &[high, high]);
         // Equal priority: the two jobs alternate.
@@ -808,7 +923,8 @@ mod tests {
         let done = f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
         f.farm.complete(done.lease, vec![output(&f, 1)]).unwrap();
         let held = f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
-        let again = Farm::open(f.store.clone(), f.blobs.clone(), f.clock.clone(), config()).unwrap();
+        let again =
+            Farm::open(f.store.clone(), f.blobs.clone(), f.clock.clone(), config()).unwrap();
         let snap = again.job(job).unwrap();
         assert_eq!(snap.job.state, JobState::Running);
         assert_eq!(snap.outputs().len(), 1);
@@ -824,7 +940,11 @@ mod tests {
         let f = Arc::new(fixture());
         let w = worker(&f.farm, "a");
         let f2 = f.clone();
-        let waiter = tokio::spawn(async move { f2.farm.lease(&w, &HashSet::new(), Duration::from_secs(10)).await });
+        let waiter = tokio::spawn(async move {
+            f2.farm
+                .lease(&w, &HashSet::new(), Duration::from_secs(10))
+                .await
+        });
         tokio::task::yield_now().await;
         f.farm.submit(sub(f.scene, "1", 1)).unwrap();
         let got = waiter.await.unwrap().unwrap();

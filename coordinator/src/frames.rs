@@ -174,8 +174,22 @@ mod tests {
         assert_eq!(parse(""), Err(FrameSetError::Empty));
         assert_eq!(parse("  "), Err(FrameSetError::Empty));
         assert_eq!(parse("10-1"), Err(FrameSetError::Reversed("10-1".into())));
-        assert_eq!(parse("1-10x0"), Err(FrameSetError::ZeroStep("1-10x0".into())));
-        for bad in ["a", "1-", "-1", "1,,2", "1-2-3", "5x2", "1.5", "1-10x", "+3", "99999999999"] {
+        assert_eq!(
+            parse("1-10x0"),
+            Err(FrameSetError::ZeroStep("1-10x0".into()))
+        );
+        for bad in [
+            "a",
+            "1-",
+            "-1",
+            "1,,2",
+            "1-2-3",
+            "5x2",
+            "1.5",
+            "1-10x",
+            "+3",
+            "99999999999",
+        ] {
             assert!(matches!(parse(bad), Err(FrameSetError::Syntax(_))), "{bad}");
         }
         assert!(matches!(
@@ -191,7 +205,10 @@ mod tests {
     #[test]
     fn errors_say_what_to_do() {
         let msg = parse("10-1").unwrap_err().to_string();
-        assert!(msg.contains("backwards") && msg.contains("lower frame first"), "{msg}");
+        assert!(
+            msg.contains("backwards") && msg.contains("lower frame first"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -205,7 +222,10 @@ mod tests {
 
     #[test]
     fn display_is_compact() {
-        assert_eq!(FrameSet::parse("1-5,7,9,10", 100).unwrap().to_string(), "1-5,7,9-10");
+        assert_eq!(
+            FrameSet::parse("1-5,7,9,10", 100).unwrap().to_string(),
+            "1-5,7,9-10"
+        );
     }
 
     proptest! {

@@ -99,10 +99,9 @@ impl pb::blobs_server::Blobs for BlobsService {
         req: Request<Streaming<pb::BlobChunk>>,
     ) -> Result<Response<pb::PutBlobResponse>, Status> {
         let mut stream = req.into_inner();
-        let first = stream
-            .message()
-            .await?
-            .ok_or_else(|| Status::invalid_argument("empty upload; send at least one chunk naming the digest"))?;
+        let first = stream.message().await?.ok_or_else(|| {
+            Status::invalid_argument("empty upload; send at least one chunk naming the digest")
+        })?;
         let d = digest("digest", &first.digest)?;
         let size = first.size;
         let blobs = self.farm.blobs().clone();
@@ -124,10 +123,15 @@ impl pb::blobs_server::Blobs for BlobsService {
 
     type GetBlobStream = ChunkStream;
 
-    async fn get_blob(&self, req: Request<pb::GetBlobRequest>) -> Result<Response<ChunkStream>, Status> {
+    async fn get_blob(
+        &self,
+        req: Request<pb::GetBlobRequest>,
+    ) -> Result<Response<ChunkStream>, Status> {
         let d = digest("digest", &req.into_inner().digest)?;
         let blobs: Arc<dyn BlobStore> = self.farm.blobs().clone();
-        let size = blobs.size(&d).ok_or_else(|| Status::not_found(format!("blob {d} not found")))?;
+        let size = blobs
+            .size(&d)
+            .ok_or_else(|| Status::not_found(format!("blob {d} not found")))?;
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         tokio::task::spawn_blocking(move || {
             let mut offset = 0u64;
@@ -139,7 +143,11 @@ impl pb::blobs_server::Blobs for BlobsService {
                 };
                 let msg = msg.map(|data| {
                     let chunk = pb::BlobChunk {
-                        digest: if offset == 0 { d.to_hex() } else { String::new() },
+                        digest: if offset == 0 {
+                            d.to_hex()
+                        } else {
+                            String::new()
+                        },
                         size,
                         data,
                     };
@@ -158,7 +166,10 @@ impl pb::blobs_server::Blobs for BlobsService {
 
 #[tonic::async_trait]
 impl pb::farm_server::Farm for FarmService {
-    async fn submit_job(&self, req: Request<pb::JobSpec>) -> Result<Response<pb::SubmitJobResponse>, Status> {
+    async fn submit_job(
+        &self,
+        req: Request<pb::JobSpec>,
+    ) -> Result<Response<pb::SubmitJobResponse>, Status> {
         let id = self.farm.submit(req.into_inner().try_into()?)?;
         Ok(Response::new(pb::SubmitJobResponse { job_id: id.0 }))
     }
@@ -168,7 +179,10 @@ impl pb::farm_server::Farm for FarmService {
         Ok(Response::new((&snap).into()))
     }
 
-    async fn list_jobs(&self, _req: Request<pb::ListJobsRequest>) -> Result<Response<pb::ListJobsResponse>, Status> {
+    async fn list_jobs(
+        &self,
+        _req: Request<pb::ListJobsRequest>,
+    ) -> Result<Response<pb::ListJobsResponse>, Status> {
         let jobs = self.farm.jobs().iter().map(Into::into).collect();
         Ok(Response::new(pb::ListJobsResponse { jobs }))
     }
@@ -189,7 +203,10 @@ impl pb::farm_server::Farm for FarmService {
 
 #[tonic::async_trait]
 impl pb::work_server::Work for WorkService {
-    async fn register(&self, req: Request<pb::WorkerInfo>) -> Result<Response<pb::RegisterResponse>, Status> {
+    async fn register(
+        &self,
+        req: Request<pb::WorkerInfo>,
+    ) -> Result<Response<pb::RegisterResponse>, Status> {
         let (id, ttl) = self.farm.register(req.into_inner().into())?;
         Ok(Response::new(pb::RegisterResponse {
             worker_id: id.0,
@@ -197,10 +214,17 @@ impl pb::work_server::Work for WorkService {
         }))
     }
 
-    async fn lease(&self, req: Request<pb::LeaseRequest>) -> Result<Response<pb::LeaseResponse>, Status> {
+    async fn lease(
+        &self,
+        req: Request<pb::LeaseRequest>,
+    ) -> Result<Response<pb::LeaseResponse>, Status> {
         let req = req.into_inner();
         let worker = WorkerId(req.worker_id);
-        let cached: HashSet<_> = req.cached_scenes.iter().filter_map(|d| d.parse().ok()).collect();
+        let cached: HashSet<_> = req
+            .cached_scenes
+            .iter()
+            .filter_map(|d| d.parse().ok())
+            .collect();
         let wait = Duration::from_millis(u64::from(req.wait_ms)).min(MAX_LEASE_WAIT);
         let task = self.farm.lease(&worker, &cached, wait).await?;
         Ok(Response::new(pb::LeaseResponse {
@@ -208,13 +232,19 @@ impl pb::work_server::Work for WorkService {
         }))
     }
 
-    async fn progress(&self, req: Request<pb::ProgressRequest>) -> Result<Response<pb::ProgressResponse>, Status> {
+    async fn progress(
+        &self,
+        req: Request<pb::ProgressRequest>,
+    ) -> Result<Response<pb::ProgressResponse>, Status> {
         let req = req.into_inner();
         let keep_going = self.farm.progress(lease(&req.lease_id)?, req.frames_done)?;
         Ok(Response::new(pb::ProgressResponse { keep_going }))
     }
 
-    async fn complete(&self, req: Request<pb::CompleteRequest>) -> Result<Response<pb::Ack>, Status> {
+    async fn complete(
+        &self,
+        req: Request<pb::CompleteRequest>,
+    ) -> Result<Response<pb::Ack>, Status> {
         let req = req.into_inner();
         let outputs = req
             .outputs
@@ -227,7 +257,8 @@ impl pb::work_server::Work for WorkService {
 
     async fn fail(&self, req: Request<pb::FailRequest>) -> Result<Response<pb::Ack>, Status> {
         let req = req.into_inner();
-        self.farm.fail(lease(&req.lease_id)?, &req.reason, &req.log_tail)?;
+        self.farm
+            .fail(lease(&req.lease_id)?, &req.reason, &req.log_tail)?;
         Ok(Response::new(pb::Ack {}))
     }
 
@@ -236,4 +267,3 @@ impl pb::work_server::Work for WorkService {
         Ok(Response::new(pb::Ack {}))
     }
 }
-

@@ -26,11 +26,14 @@ pub struct Coordinator {
 impl Coordinator {
     /// Opens `data` (creating it): metadata in `data/db`, blobs in `data/blobs`.
     pub fn open(data: &Path, config: Config) -> Result<Self, Error> {
-        std::fs::create_dir_all(data).map_err(|e| Error::io(format!("cannot create {}", data.display()), e))?;
+        std::fs::create_dir_all(data)
+            .map_err(|e| Error::io(format!("cannot create {}", data.display()), e))?;
         let store = Arc::new(SledStore::open(&data.join("db"))?);
         let blobs = Arc::new(FsBlobStore::open(&data.join("blobs"), config.max_upload)?);
         let farm = Farm::open(store, blobs, Arc::new(SystemClock), config)?;
-        Ok(Self { farm: Arc::new(farm) })
+        Ok(Self {
+            farm: Arc::new(farm),
+        })
     }
 
     /// The domain service.
@@ -39,7 +42,11 @@ impl Coordinator {
     }
 
     /// Serves on `listener` until `shutdown` resolves.
-    pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()> + Send) -> Result<(), Error> {
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), Error> {
         let farm = self.farm.clone();
         let reaper = tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(500));

@@ -119,7 +119,11 @@ impl MetaStore for SledStore {
         (&self.jobs, &self.tasks, &self.workers)
             .transaction(|(jobs, tasks, workers)| {
                 // Tasks first, then jobs: see `load`.
-                for (tree, key, value) in encoded.iter().filter(|e| e.0 != 0).chain(encoded.iter().filter(|e| e.0 == 0)) {
+                for (tree, key, value) in encoded
+                    .iter()
+                    .filter(|e| e.0 != 0)
+                    .chain(encoded.iter().filter(|e| e.0 == 0))
+                {
                     let t = match tree {
                         0 => jobs,
                         1 => tasks,
@@ -129,7 +133,9 @@ impl MetaStore for SledStore {
                 }
                 Ok::<_, ConflictableTransactionError<()>>(())
             })
-            .map_err(|e: TransactionError<()>| Error::Store(format!("transaction failed: {e:?}")))?;
+            .map_err(|e: TransactionError<()>| {
+                Error::Store(format!("transaction failed: {e:?}"))
+            })?;
         self.db.flush().map_err(|e| {
             Error::Store(format!(
                 "cannot flush the metadata to disk: {e}; check free space on the --data volume"
@@ -139,21 +145,28 @@ impl MetaStore for SledStore {
     }
 }
 
+#[derive(Debug, Default)]
+struct Tables {
+    jobs: BTreeMap<JobId, Job>,
+    tasks: BTreeMap<(JobId, u32), Task>,
+    workers: BTreeMap<WorkerId, WorkerRecord>,
+}
+
 /// Metadata in memory, for unit tests.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
-    inner: Mutex<(BTreeMap<JobId, Job>, BTreeMap<(JobId, u32), Task>, BTreeMap<WorkerId, WorkerRecord>)>,
+    inner: Mutex<Tables>,
 }
 
 impl MetaStore for MemoryStore {
     fn load(&self) -> Result<Snapshot, Error> {
         let inner = self.inner.lock().unwrap();
         let mut snap = Snapshot {
-            jobs: inner.0.clone(),
-            workers: inner.2.clone(),
+            jobs: inner.jobs.clone(),
+            workers: inner.workers.clone(),
             ..Default::default()
         };
-        for ((job, _), task) in &inner.1 {
+        for ((job, _), task) in &inner.tasks {
             snap.tasks.entry(*job).or_default().push(task.clone());
         }
         Ok(snap)
@@ -164,13 +177,13 @@ impl MetaStore for MemoryStore {
         for r in records {
             match r {
                 Record::Job(j) => {
-                    inner.0.insert(j.id, (*j).clone());
+                    inner.jobs.insert(j.id, (*j).clone());
                 }
                 Record::Task(t) => {
-                    inner.1.insert((t.job, t.index), (*t).clone());
+                    inner.tasks.insert((t.job, t.index), (*t).clone());
                 }
                 Record::Worker(w) => {
-                    inner.2.insert(w.id.clone(), (*w).clone());
+                    inner.workers.insert(w.id.clone(), (*w).clone());
                 }
             }
         }
@@ -214,13 +227,18 @@ mod tests {
                 .write(&[Record::Job(&j), Record::Task(&t1), Record::Task(&t0)])
                 .unwrap();
             // Orphan tasks (no job record) are dropped at load.
-            store.write(&[Record::Task(&Task::new(JobId(8), 0, vec![1]))]).unwrap();
+            store
+                .write(&[Record::Task(&Task::new(JobId(8), 0, vec![1]))])
+                .unwrap();
         }
         let store = SledStore::open(&dir.path().join("db")).unwrap();
         let snap = store.load().unwrap();
         assert_eq!(snap.jobs.len(), 1);
         let tasks = &snap.tasks[&JobId(7)];
-        assert_eq!(tasks.iter().map(|t| t.index).collect::<Vec<_>>(), vec![0, 1]);
+        assert_eq!(
+            tasks.iter().map(|t| t.index).collect::<Vec<_>>(),
+            vec![0, 1]
+        );
         assert!(!snap.tasks.contains_key(&JobId(8)));
     }
 }

@@ -174,7 +174,13 @@ impl Task {
     }
 
     /// Leased -> Leased with a later deadline, for the current grant only.
-    pub fn renew(&mut self, grant: u32, frames_done: u32, now_ms: u64, ttl_ms: u64) -> Result<(), Error> {
+    pub fn renew(
+        &mut self,
+        grant: u32,
+        frames_done: u32,
+        now_ms: u64,
+        ttl_ms: u64,
+    ) -> Result<(), Error> {
         match &mut self.state {
             TaskState::Leased {
                 grant: g,
@@ -219,9 +225,16 @@ impl Task {
     }
 
     /// Leased -> Queued (attempts left) or Failed, for the current grant only.
-    pub fn fail(&mut self, grant: u32, reason: String, max_attempts: u32) -> Result<FailOutcome, Error> {
+    pub fn fail(
+        &mut self,
+        grant: u32,
+        reason: String,
+        max_attempts: u32,
+    ) -> Result<FailOutcome, Error> {
         let worker = match &self.state {
-            TaskState::Leased { worker, grant: g, .. } if *g == grant => worker.clone(),
+            TaskState::Leased {
+                worker, grant: g, ..
+            } if *g == grant => worker.clone(),
             _ => return Err(Error::LeaseLost(self.lease_id(grant).to_string())),
         };
         self.failures += 1;
@@ -337,9 +350,15 @@ mod tests {
         assert_eq!(lease.to_string().parse::<LeaseId>().unwrap(), lease);
         t.renew(lease.grant, 1, 1400, 500).unwrap();
         assert!(!t.expire(1899));
-        assert_eq!(t.complete(lease.grant, vec![out(2), out(1)]).unwrap(), Completion::Recorded);
+        assert_eq!(
+            t.complete(lease.grant, vec![out(2), out(1)]).unwrap(),
+            Completion::Recorded
+        );
         assert!(t.is_done());
-        assert_eq!(t.complete(lease.grant, vec![out(1), out(2)]).unwrap(), Completion::Duplicate);
+        assert_eq!(
+            t.complete(lease.grant, vec![out(1), out(2)]).unwrap(),
+            Completion::Duplicate
+        );
     }
 
     #[test]
@@ -350,23 +369,46 @@ mod tests {
         assert_eq!(t.state, TaskState::Queued);
         let second = t.lease(&w("b"), 100, 100).unwrap();
         assert_ne!(first, second);
-        assert!(matches!(t.renew(first.grant, 0, 150, 100), Err(Error::LeaseLost(_))));
-        assert!(matches!(t.fail(first.grant, "x".into(), 3), Err(Error::LeaseLost(_))));
+        assert!(matches!(
+            t.renew(first.grant, 0, 150, 100),
+            Err(Error::LeaseLost(_))
+        ));
+        assert!(matches!(
+            t.fail(first.grant, "x".into(), 3),
+            Err(Error::LeaseLost(_))
+        ));
         // The first holder's result still counts if it arrives first; the
         // second holder's later result is a duplicate, recorded once.
-        assert_eq!(t.complete(first.grant, vec![out(1)]).unwrap(), Completion::Recorded);
-        assert_eq!(t.complete(second.grant, vec![out(1)]).unwrap(), Completion::Duplicate);
+        assert_eq!(
+            t.complete(first.grant, vec![out(1)]).unwrap(),
+            Completion::Recorded
+        );
+        assert_eq!(
+            t.complete(second.grant, vec![out(1)]).unwrap(),
+            Completion::Duplicate
+        );
     }
 
     #[test]
     fn failures_retry_until_out_of_attempts() {
         let mut t = Task::new(JobId(1), 0, vec![1]);
         let l = t.lease(&w("a"), 0, 100).unwrap();
-        assert_eq!(t.fail(l.grant, "boom".into(), 2).unwrap(), FailOutcome::Retry);
+        assert_eq!(
+            t.fail(l.grant, "boom".into(), 2).unwrap(),
+            FailOutcome::Retry
+        );
         assert_eq!(t.failed_on, vec![w("a")]);
         let l = t.lease(&w("b"), 0, 100).unwrap();
-        assert_eq!(t.fail(l.grant, "boom again".into(), 2).unwrap(), FailOutcome::Failed);
-        assert_eq!(t.state, TaskState::Failed { reason: "boom again".into() });
+        assert_eq!(
+            t.fail(l.grant, "boom again".into(), 2).unwrap(),
+            FailOutcome::Failed
+        );
+        assert_eq!(
+            t.state,
+            TaskState::Failed {
+                reason: "boom again".into()
+            }
+        );
         assert!(matches!(t.lease(&w("c"), 0, 100), Err(Error::Conflict(_))));
     }
 
@@ -374,8 +416,14 @@ mod tests {
     fn results_must_name_the_tasks_frames() {
         let mut t = Task::new(JobId(1), 0, vec![1, 2]);
         let l = t.lease(&w("a"), 0, 100).unwrap();
-        assert!(matches!(t.complete(l.grant, vec![out(1)]), Err(Error::Invalid(_))));
-        assert!(matches!(t.complete(9, vec![out(1), out(2)]), Err(Error::LeaseLost(_))));
+        assert!(matches!(
+            t.complete(l.grant, vec![out(1)]),
+            Err(Error::Invalid(_))
+        ));
+        assert!(matches!(
+            t.complete(9, vec![out(1), out(2)]),
+            Err(Error::LeaseLost(_))
+        ));
     }
 
     #[test]
@@ -387,7 +435,10 @@ mod tests {
         assert!(matches!(t.release(l.grant), Err(Error::LeaseLost(_))));
         let l = t.lease(&w("a"), 0, 100).unwrap();
         t.cancel();
-        assert!(matches!(t.complete(l.grant, vec![out(1)]), Err(Error::LeaseLost(_))));
+        assert!(matches!(
+            t.complete(l.grant, vec![out(1)]),
+            Err(Error::LeaseLost(_))
+        ));
     }
 
     #[test]

@@ -1,1 +1,317 @@
-//! placeholder
+//! Harness for end-to-end tests: real `tessera` processes, real Blender,
+//! real files.
+//!
+//! Every process is started on loopback with port 0 or a port it reports, in
+//! temporary directories, and killed when its handle drops.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The `tessera` binary, built once if missing.
+pub fn tessera() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map_or_else(|| root().join("target"), PathBuf::from);
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "-q", "-p", "tessera-cli", "--bin", "tessera"])
+            .current_dir(root())
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "building tessera failed");
+        target.join("debug").join("tessera")
+    })
+    .clone()
+}
+
+/// The Blender executable (`$TESSERA_BLENDER` or `blender`).
+pub fn blender() -> PathBuf {
+    std::env::var_os("TESSERA_BLENDER").map_or_else(|| PathBuf::from("blender"), PathBuf::from)
+}
+
+/// A scratch directory that lives as long as the test.
+pub fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("tessera-test-")
+        .tempdir()
+        .unwrap()
+}
+
+/// Builds a scene with `blender/make_scene.py` (once per distinct argument list
+/// per test process) and returns its path.
+pub fn scene(args: &[&str]) -> PathBuf {
+    type Made = Vec<(Vec<String>, PathBuf)>;
+    static SCENES: OnceLock<Mutex<Made>> = OnceLock::new();
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    let key: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let scenes = SCENES.get_or_init(|| Mutex::new(Vec::new()));
+    let mut scenes = scenes.lock().unwrap();
+    if let Some((_, p)) = scenes.iter().find(|(k, _)| *k == key) {
+        return p.clone();
+    }
+    let dir = DIR.get_or_init(scratch);
+    let out = dir.path().join(format!("scene{}.blend", scenes.len()));
+    let result = Command::new(blender())
+        .args([
+            "-b",
+            "--factory-startup",
+            "--python-exit-code",
+            "2",
+            "--python",
+        ])
+        .arg(root().join("blender/make_scene.py"))
+        .arg("--")
+        .arg("--out")
+        .arg(&out)
+        .args(args)
+        .output()
+        .expect("blender runs (install it: apt-get install blender)");
+    assert!(
+        result.status.success() && out.is_file(),
+        "make_scene.py {args:?} failed:\n{}",
+        String::from_utf8_lossy(&result.stdout)
+    );
+    scenes.push((key, out.clone()));
+    out
+}
+
+/// Renders frames `start..=end` of `scene` directly with Blender, one process,
+/// the way a user would without a farm: `dir/ref_NNNN.ext`.
+pub fn reference(scene: &Path, start: u32, end: u32, dir: &Path) {
+    let out = Command::new(blender())
+        .arg("-b")
+        .arg(scene)
+        .arg("-o")
+        .arg(dir.join("ref_####"))
+        .args(["-s", &start.to_string(), "-e", &end.to_string(), "-a"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "reference render failed:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// Decoded pixels of a PNG: (width, height, colour type, bit depth, bytes).
+pub fn png_pixels(path: &Path) -> (u32, u32, String, Vec<u8>) {
+    let decoder = png::Decoder::new(BufReader::new(
+        std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+    ));
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    buf.truncate(info.buffer_size());
+    (
+        info.width,
+        info.height,
+        format!("{:?}/{:?}", info.color_type, info.bit_depth),
+        buf,
+    )
+}
+
+/// Asserts two PNGs hold the same pixels (their metadata may differ).
+pub fn assert_same_pixels(a: &Path, b: &Path) {
+    let (wa, ha, ca, pa) = png_pixels(a);
+    let (wb, hb, cb, pb) = png_pixels(b);
+    assert_eq!(
+        (wa, ha, &ca),
+        (wb, hb, &cb),
+        "{} vs {}",
+        a.display(),
+        b.display()
+    );
+    let differing = pa.iter().zip(&pb).filter(|(x, y)| x != y).count();
+    assert_eq!(
+        differing,
+        0,
+        "{} and {} differ in {differing} bytes",
+        a.display(),
+        b.display()
+    );
+}
+
+/// A child process killed on drop, with its log in a file.
+pub struct Proc {
+    /// The child.
+    pub child: Child,
+    /// Its combined log.
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// Kills it with SIGKILL and reaps it.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends SIGTERM.
+    pub fn term(&self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+    }
+
+    /// Its log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Whether it is still running.
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().map(|s| s.is_none()).unwrap_or(false)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A coordinator process.
+pub struct Coordinator {
+    /// The process.
+    pub proc: Proc,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+}
+
+impl Coordinator {
+    /// Starts a coordinator on `listen` (e.g. `127.0.0.1:0`) over `data`.
+    pub fn start(data: &Path, listen: &str, extra: &[&str]) -> Self {
+        let log = data.with_extension(format!("coordinator-{}.log", unique()));
+        std::fs::create_dir_all(data).unwrap();
+        let mut child = Command::new(tessera())
+            .args(["coordinator", "--listen", listen, "--data"])
+            .arg(data)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("tessera coordinator listening on ")
+            .unwrap_or_else(|| {
+                panic!(
+                    "coordinator did not start: {line:?}\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                )
+            })
+            .to_string();
+        Self {
+            url: format!("http://{addr}"),
+            addr,
+            proc: Proc { child, log },
+        }
+    }
+}
+
+fn unique() -> u64 {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Starts a worker with one slot of one thread.
+pub fn worker(url: &str, dir: &Path, name: &str) -> Proc {
+    let cache = dir.join(format!("cache-{name}"));
+    let log = dir.join(format!("worker-{name}.log"));
+    let child = Command::new(tessera())
+        .args([
+            "worker",
+            "--coordinator",
+            url,
+            "--name",
+            name,
+            "--slots",
+            "1",
+            "--threads",
+            "1",
+            "--device",
+            "cpu",
+            "--cache",
+        ])
+        .arg(&cache)
+        .stdout(std::fs::File::create(dir.join(format!("worker-{name}.out"))).unwrap())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    Proc { child, log }
+}
+
+/// Runs a client command against `url`.
+pub fn cli(url: &str, args: &[&str]) -> Output {
+    Command::new(tessera())
+        .args(args)
+        .env("TESSERA_COORDINATOR", url)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// Runs a client command that must succeed; returns its stdout.
+pub fn cli_ok(url: &str, args: &[&str]) -> String {
+    let out = cli(url, args);
+    assert!(
+        out.status.success(),
+        "tessera {args:?} failed:\nstdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `tessera status JOB --json`.
+pub fn status(url: &str, job: u64) -> serde_json::Value {
+    serde_json::from_str(&cli_ok(url, &["status", &job.to_string(), "--json"])).unwrap()
+}
+
+/// Polls `cond` on the job's status until it holds or `timeout` passes.
+pub fn wait_for(
+    url: &str,
+    job: u64,
+    timeout: Duration,
+    what: &str,
+    cond: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        let out = cli(url, &["status", &job.to_string(), "--json"]);
+        if out.status.success() {
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            if cond(&v) {
+                return v;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "timed out waiting for {what}; job is {v:#}"
+            );
+        } else {
+            assert!(
+                start.elapsed() < timeout,
+                "timed out waiting for {what}; status failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

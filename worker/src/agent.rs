@@ -53,7 +53,12 @@ pub fn channel(url: &str) -> Result<Channel, Error> {
 pub fn transient(status: &tonic::Status) -> bool {
     matches!(
         status.code(),
-        Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded | Code::Aborted | Code::Internal
+        Code::Unavailable
+            | Code::Unknown
+            | Code::Cancelled
+            | Code::DeadlineExceeded
+            | Code::Aborted
+            | Code::Internal
     )
 }
 
@@ -92,7 +97,11 @@ struct Shared<R> {
 
 /// Runs a worker until `shutdown` turns true. Tasks in flight are released
 /// back to the coordinator on shutdown.
-pub async fn run<R: Renderer>(config: WorkerConfig, renderer: R, shutdown: watch::Receiver<bool>) -> Result<(), Error> {
+pub async fn run<R: Renderer>(
+    config: WorkerConfig,
+    renderer: R,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), Error> {
     let channel = channel(&config.coordinator)?;
     let cache = SceneCache::open(&config.cache)?;
     let shared = Arc::new(Shared {
@@ -108,7 +117,9 @@ pub async fn run<R: Renderer>(config: WorkerConfig, renderer: R, shutdown: watch
     for slot in 0..shared.config.slots.max(1) {
         let shared = shared.clone();
         let shutdown = shutdown.clone();
-        slots.push(tokio::spawn(async move { slot_loop(shared, slot, shutdown).await }));
+        slots.push(tokio::spawn(async move {
+            slot_loop(shared, slot, shutdown).await
+        }));
     }
     for s in slots {
         let _ = s.await;
@@ -117,7 +128,10 @@ pub async fn run<R: Renderer>(config: WorkerConfig, renderer: R, shutdown: watch
     Ok(())
 }
 
-async fn register<R: Renderer>(shared: &Shared<R>, shutdown: &watch::Receiver<bool>) -> Result<(), Error> {
+async fn register<R: Renderer>(
+    shared: &Shared<R>,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<(), Error> {
     let mut client = pb::work_client::WorkClient::new(shared.channel.clone());
     let previous = shared.worker_id.read().await.clone();
     let info = pb::WorkerInfo {
@@ -135,11 +149,17 @@ async fn register<R: Renderer>(shared: &Shared<R>, shutdown: &watch::Receiver<bo
                 let r = r.into_inner();
                 tracing::info!(worker = %r.worker_id, coordinator = %shared.config.coordinator, "registered");
                 *shared.worker_id.write().await = r.worker_id;
-                shared.ttl_ms.store(r.lease_ttl_ms.max(300), Ordering::Relaxed);
+                shared
+                    .ttl_ms
+                    .store(r.lease_ttl_ms.max(300), Ordering::Relaxed);
                 return Ok(());
             }
             Err(s) if transient(&s) && !*shutdown.borrow() => {
-                tracing::warn!("cannot reach the coordinator at {}: {}; retrying", shared.config.coordinator, s.message());
+                tracing::warn!(
+                    "cannot reach the coordinator at {}: {}; retrying",
+                    shared.config.coordinator,
+                    s.message()
+                );
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(3));
             }
@@ -148,7 +168,11 @@ async fn register<R: Renderer>(shared: &Shared<R>, shutdown: &watch::Receiver<bo
     }
 }
 
-async fn slot_loop<R: Renderer>(shared: Arc<Shared<R>>, slot: u32, mut shutdown: watch::Receiver<bool>) {
+async fn slot_loop<R: Renderer>(
+    shared: Arc<Shared<R>>,
+    slot: u32,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut client = pb::work_client::WorkClient::new(shared.channel.clone());
     let mut delay = Duration::from_millis(200);
     while !*shutdown.borrow() {
@@ -186,7 +210,11 @@ async fn slot_loop<R: Renderer>(shared: Arc<Shared<R>>, slot: u32, mut shutdown:
 }
 
 /// Runs one task to its end, whatever happens; never panics the slot.
-async fn run_task<R: Renderer>(shared: &Shared<R>, task: pb::TaskAssignment, shutdown: watch::Receiver<bool>) {
+async fn run_task<R: Renderer>(
+    shared: &Shared<R>,
+    task: pb::TaskAssignment,
+    shutdown: watch::Receiver<bool>,
+) {
     let lease = task.lease_id.clone();
     tracing::info!(%lease, frames = ?task.frames, attempt = task.attempt, "task started");
     let client = pb::work_client::WorkClient::new(shared.channel.clone());
@@ -199,7 +227,8 @@ async fn run_task<R: Renderer>(shared: &Shared<R>, task: pb::TaskAssignment, shu
         let lease = lease.clone();
         let stop_tx = stop_tx.clone();
         let lost = lost.clone();
-        let every = Duration::from_millis(u64::from(shared.ttl_ms.load(Ordering::Relaxed) / 3).max(100));
+        let every =
+            Duration::from_millis(u64::from(shared.ttl_ms.load(Ordering::Relaxed) / 3).max(100));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             loop {
@@ -246,7 +275,9 @@ async fn run_task<R: Renderer>(shared: &Shared<R>, task: pb::TaskAssignment, shu
             match retry("reporting a result", RESULT_PATIENCE, || {
                 let (mut c, r) = (client.clone(), req.clone());
                 async move { c.complete(r).await }
-            }).await {
+            })
+            .await
+            {
                 Ok(_) => tracing::info!(%lease, "task done"),
                 Err(s) => tracing::warn!(%lease, "result not recorded: {}", s.message()),
             }
@@ -255,11 +286,15 @@ async fn run_task<R: Renderer>(shared: &Shared<R>, task: pb::TaskAssignment, shu
             tracing::info!(%lease, "task stopped");
         }
         Err(RenderFailure::Stopped) => {
-            let req = pb::ReleaseRequest { lease_id: lease.clone() };
+            let req = pb::ReleaseRequest {
+                lease_id: lease.clone(),
+            };
             match retry("releasing a task", Duration::from_secs(5), || {
                 let (mut c, r) = (client.clone(), req.clone());
                 async move { c.release(r).await }
-            }).await {
+            })
+            .await
+            {
                 Ok(_) => tracing::info!(%lease, "task released for another worker"),
                 Err(s) => tracing::warn!(%lease, "cannot release the task: {}", s.message()),
             }
@@ -274,7 +309,9 @@ async fn run_task<R: Renderer>(shared: &Shared<R>, task: pb::TaskAssignment, shu
             if let Err(s) = retry("reporting a failure", RESULT_PATIENCE, || {
                 let (mut c, r) = (client.clone(), req.clone());
                 async move { c.fail(r).await }
-            }).await {
+            })
+            .await
+            {
                 tracing::warn!(%lease, "failure not recorded: {}", s.message());
             }
         }
@@ -320,15 +357,19 @@ async fn execute<R: Renderer>(
     let frames = shared.renderer.render(req, done, stop).await?;
     let mut outputs = Vec::with_capacity(frames.len());
     for f in frames {
-        let (digest, size) = transfer::hash_file(&f.path).await.map_err(|e| failed(e.to_string()))?;
+        let (digest, size) = transfer::hash_file(&f.path)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
         retry("uploading a frame", RESULT_PATIENCE, || {
             let mut blobs = blobs.clone();
             let (path, digest) = (f.path.clone(), digest.clone());
             async move {
-                transfer::upload_file(&mut blobs, &path, &digest, size).await.map_err(|e| match e {
-                    Error::Rpc(s) => s,
-                    other => tonic::Status::internal(other.to_string()),
-                })
+                transfer::upload_file(&mut blobs, &path, &digest, size)
+                    .await
+                    .map_err(|e| match e {
+                        Error::Rpc(s) => s,
+                        other => tonic::Status::internal(other.to_string()),
+                    })
             }
         })
         .await

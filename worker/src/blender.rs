@@ -115,7 +115,12 @@ pub async fn blender_version(blender: &Path) -> Result<String, Error> {
     text.lines()
         .find(|l| l.starts_with("Blender "))
         .map(|l| l.trim().to_string())
-        .ok_or_else(|| fail(format!("`--version` printed no version (exit {})", out.status)))
+        .ok_or_else(|| {
+            fail(format!(
+                "`--version` printed no version (exit {})",
+                out.status
+            ))
+        })
 }
 
 /// Whether a line of Blender's output reports a failure that Blender itself
@@ -159,13 +164,19 @@ impl Renderer for BlenderProcess {
             .stderr(Stdio::piped())
             .kill_on_drop(true);
         die_with_parent(&mut cmd);
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| failed(format!("cannot start Blender `{}`: {e}", self.blender.display()), String::new()))?;
+        let mut child = cmd.spawn().map_err(|e| {
+            failed(
+                format!("cannot start Blender `{}`: {e}", self.blender.display()),
+                String::new(),
+            )
+        })?;
         let stdout = child.stdout.take().expect("piped stdout");
         let stderr = child.stderr.take().expect("piped stderr");
         let (line_tx, mut line_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-        for stream in [Box::new(stdout) as Box<dyn tokio::io::AsyncRead + Unpin + Send>, Box::new(stderr)] {
+        for stream in [
+            Box::new(stdout) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+            Box::new(stderr),
+        ] {
             let tx = line_tx.clone();
             tokio::spawn(async move {
                 let mut lines = BufReader::new(stream).lines();
@@ -225,7 +236,10 @@ impl Renderer for BlenderProcess {
             return Err(failed(reason, log_tail));
         }
         if let Some(e) = errors.first() {
-            return Err(failed(format!("Blender reported an error although it exited 0: {e}"), log_tail));
+            return Err(failed(
+                format!("Blender reported an error although it exited 0: {e}"),
+                log_tail,
+            ));
         }
         collect_outputs(&req.out_dir, &req.frames).map_err(|reason| failed(reason, log_tail))
     }
@@ -234,12 +248,19 @@ impl Renderer for BlenderProcess {
 /// Finds one image per frame in `dir`, named `frame_NNNN.ext`.
 pub fn collect_outputs(dir: &Path, frames: &[u32]) -> Result<Vec<RenderedFrame>, String> {
     let mut found: Vec<RenderedFrame> = Vec::new();
-    let entries = std::fs::read_dir(dir).map_err(|e| format!("cannot read output directory {}: {e}", dir.display()))?;
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot read output directory {}: {e}", dir.display()))?;
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix("frame_") else { continue };
-        let Some((num, ext)) = rest.split_once('.') else { continue };
-        let Ok(frame) = num.parse::<u32>() else { continue };
+        let Some(rest) = name.strip_prefix("frame_") else {
+            continue;
+        };
+        let Some((num, ext)) = rest.split_once('.') else {
+            continue;
+        };
+        let Ok(frame) = num.parse::<u32>() else {
+            continue;
+        };
         if entry.metadata().map(|m| m.len() == 0).unwrap_or(true) {
             return Err(format!("Blender wrote an empty image for frame {frame}"));
         }
@@ -251,7 +272,11 @@ pub fn collect_outputs(dir: &Path, frames: &[u32]) -> Result<Vec<RenderedFrame>,
     }
     found.sort_by_key(|f| f.frame);
     let got: Vec<u32> = found.iter().map(|f| f.frame).collect();
-    let missing: Vec<u32> = frames.iter().copied().filter(|f| !got.contains(f)).collect();
+    let missing: Vec<u32> = frames
+        .iter()
+        .copied()
+        .filter(|f| !got.contains(f))
+        .collect();
     if !missing.is_empty() {
         return Err(format!(
             "Blender exited 0 but wrote no image for frame(s) {missing:?}; check the scene's output settings and the log"
@@ -280,10 +305,16 @@ mod tests {
 
     #[test]
     fn error_lines() {
-        assert!(is_error_line("Error: Cannot read file '/x.blend': No such file or directory"));
+        assert!(is_error_line(
+            "Error: Cannot read file '/x.blend': No such file or directory"
+        ));
         assert!(is_error_line("Traceback (most recent call last):"));
-        assert!(is_error_line("Error in PyDriver: expression failed: int('tessera') + frame"));
-        assert!(is_error_line("Cannot save Node File Output to /proc/x/Image0001.png"));
+        assert!(is_error_line(
+            "Error in PyDriver: expression failed: int('tessera') + frame"
+        ));
+        assert!(is_error_line(
+            "Cannot save Node File Output to /proc/x/Image0001.png"
+        ));
         assert!(!is_error_line("Fra:1 Mem:12.00M | Rendering 1 / 8 samples"));
         assert!(!is_error_line("Saved: '/tmp/frame_0001.png'"));
     }
@@ -295,11 +326,16 @@ mod tests {
         std::fs::write(dir.path().join("frame_10000.png"), b"y").unwrap();
         std::fs::write(dir.path().join("notes.txt"), b"z").unwrap();
         let got = collect_outputs(dir.path(), &[1, 10000]).unwrap();
-        assert_eq!(got.iter().map(|f| f.frame).collect::<Vec<_>>(), vec![1, 10000]);
+        assert_eq!(
+            got.iter().map(|f| f.frame).collect::<Vec<_>>(),
+            vec![1, 10000]
+        );
         assert_eq!(got[0].ext, "png");
         let err = collect_outputs(dir.path(), &[1, 2]).unwrap_err();
         assert!(err.contains("[2]"), "{err}");
         std::fs::write(dir.path().join("frame_0003.png"), b"").unwrap();
-        assert!(collect_outputs(dir.path(), &[3]).unwrap_err().contains("empty image"));
+        assert!(collect_outputs(dir.path(), &[3])
+            .unwrap_err()
+            .contains("empty image"));
     }
 }

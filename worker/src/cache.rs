@@ -23,13 +23,15 @@ impl SceneCache {
     pub fn open(dir: &Path) -> Result<Self, Error> {
         for sub in ["scenes", "tmp", "work"] {
             let p = dir.join(sub);
-            std::fs::create_dir_all(&p).map_err(|e| Error::io(format!("cannot create {}", p.display()), e))?;
+            std::fs::create_dir_all(&p)
+                .map_err(|e| Error::io(format!("cannot create {}", p.display()), e))?;
         }
         // Partial downloads and outputs of an earlier run are worthless.
         for sub in ["tmp", "work"] {
             if let Ok(entries) = std::fs::read_dir(dir.join(sub)) {
                 for e in entries.flatten() {
-                    let _ = std::fs::remove_dir_all(e.path()).or_else(|_| std::fs::remove_file(e.path()));
+                    let _ = std::fs::remove_dir_all(e.path())
+                        .or_else(|_| std::fs::remove_file(e.path()));
                 }
             }
         }
@@ -44,7 +46,8 @@ impl SceneCache {
     pub fn work_dir(&self, name: &str) -> Result<PathBuf, Error> {
         let p = self.dir.join("work").join(name);
         let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).map_err(|e| Error::io(format!("cannot create {}", p.display()), e))?;
+        std::fs::create_dir_all(&p)
+            .map_err(|e| Error::io(format!("cannot create {}", p.display()), e))?;
         Ok(p)
     }
 
@@ -55,7 +58,12 @@ impl SceneCache {
         };
         entries
             .flatten()
-            .filter_map(|e| e.file_name().to_str()?.strip_suffix(".blend").map(str::to_string))
+            .filter_map(|e| {
+                e.file_name()
+                    .to_str()?
+                    .strip_suffix(".blend")
+                    .map(str::to_string)
+            })
             .collect()
     }
 
@@ -65,12 +73,19 @@ impl SceneCache {
     }
 
     /// The local path of scene `digest`, downloading it first if needed.
-    pub async fn scene(&self, digest: &str, blobs: &mut pb::blobs_client::BlobsClient<Channel>) -> Result<PathBuf, Error> {
+    pub async fn scene(
+        &self,
+        digest: &str,
+        blobs: &mut pb::blobs_client::BlobsClient<Channel>,
+    ) -> Result<PathBuf, Error> {
         let expected = blake3::Hash::from_hex(digest).map_err(|_| Error::Corrupt {
             expected: digest.to_string(),
             got: "not a digest".into(),
         })?;
-        let path = self.dir.join("scenes").join(format!("{}.blend", expected.to_hex()));
+        let path = self
+            .dir
+            .join("scenes")
+            .join(format!("{}.blend", expected.to_hex()));
         let lock = self
             .locks
             .lock()

@@ -18,7 +18,8 @@ pub async fn hash_file(path: &Path) -> Result<(String, u64), Error> {
     let path = path.to_path_buf();
     tokio::task::spawn_blocking(move || {
         let mut hasher = blake3::Hasher::new();
-        let file = std::fs::File::open(&path).map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
+        let file = std::fs::File::open(&path)
+            .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
         let size = std::io::copy(&mut std::io::BufReader::new(file), &mut hasher)
             .map_err(|e| Error::io(format!("cannot read {}", path.display()), e))?;
         Ok((hasher.finalize().to_hex().to_string(), size))
@@ -64,7 +65,11 @@ pub async fn upload_file(
                 break;
             }
             let chunk = pb::BlobChunk {
-                digest: if first { digest_owned.clone() } else { String::new() },
+                digest: if first {
+                    digest_owned.clone()
+                } else {
+                    String::new()
+                },
                 size,
                 data: buf,
             };
@@ -75,7 +80,9 @@ pub async fn upload_file(
         }
         Ok::<(), Error>(())
     });
-    let sent = blobs.put_blob(tokio_stream::wrappers::ReceiverStream::new(rx)).await;
+    let sent = blobs
+        .put_blob(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await;
     reader.await.expect("upload reader")?;
     sent?;
     Ok(size)
@@ -89,7 +96,8 @@ pub async fn download_file(
     dest: &Path,
 ) -> Result<u64, Error> {
     let dir = dest.parent().unwrap_or(Path::new("."));
-    let tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| Error::io(format!("cannot write to {}", dir.display()), e))?;
+    let tmp = tempfile::NamedTempFile::new_in(dir)
+        .map_err(|e| Error::io(format!("cannot write to {}", dir.display()), e))?;
     let (file, tmp_path) = tmp.into_parts();
     let mut file = tokio::fs::File::from_std(file);
     let mut hasher = blake3::Hasher::new();
@@ -107,7 +115,9 @@ pub async fn download_file(
             .await
             .map_err(|e| Error::io(format!("cannot write {}", dest.display()), e))?;
     }
-    file.flush().await.map_err(|e| Error::io(format!("cannot write {}", dest.display()), e))?;
+    file.flush()
+        .await
+        .map_err(|e| Error::io(format!("cannot write {}", dest.display()), e))?;
     drop(file);
     let got = hasher.finalize().to_hex().to_string();
     if got != digest {

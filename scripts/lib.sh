@@ -1,0 +1,15 @@
+# Shared set-up for the scripts: install what is missing, say what happened.
+
+ensure_blender() {
+  if [ -n "${TESSERA_BLENDER:-}" ] && [ -x "$TESSERA_BLENDER" ]; then return; fi
+  if command -v blender >/dev/null 2>&1; then return; fi
+  echo "Blender is not installed; installing Debian's blender package (this takes a few minutes)..." >&2
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq blender >/dev/null
+  command -v blender >/dev/null 2>&1 || { echo "error: installing blender failed; install it by hand (apt-get install blender) or set TESSERA_BLENDER" >&2; exit 1; }
+}
+
+ensure_rust() {
+  command -v cargo >/dev/null 2>&1 || { echo "error: cargo is missing; install Rust with rustup (https://rustup.rs)" >&2; exit 1; }
+}

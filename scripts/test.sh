@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The one test command: installs what the tests need when it is missing, then
+# runs the whole suite (format, lints, unit tests, end-to-end tests with real
+# Blender).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+source scripts/lib.sh
+ensure_blender
+ensure_rust
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -q -- -D warnings
+echo "== build"
+cargo build --workspace --all-targets -q
+echo "== unit tests"
+cargo test --workspace --exclude tessera-tests
+echo "== end-to-end tests (real coordinator, workers and Blender)"
+# One at a time: each test runs several Blender processes on a small machine.
+cargo test -p tessera-tests -- --test-threads=1
