@@ -176,6 +176,11 @@ fn a_coordinator_killed_mid_job_recovers_it_on_restart() {
         std::fs::read_dir(data.join("blobs/tmp")).unwrap().count(),
         0
     );
+    let log = restarted.proc.log();
+    assert!(
+        log.contains("recovered state") && log.contains("open=1"),
+        "{log}"
+    );
 }
 
 #[test]
