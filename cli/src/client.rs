@@ -69,9 +69,25 @@ pub fn check_scene(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The scene's frame range, read with Blender (`start-end`, step included).
-pub async fn scene_frames(blender: &Path, scene: &Path) -> Result<String> {
-    let expr = "import bpy; s = bpy.context.scene; print('TESSERA_RANGE %d %d %d' % (s.frame_start, s.frame_end, s.frame_step))";
+/// What the CLI reads from a scene with Blender.
+#[derive(Debug, Clone)]
+pub struct SceneFacts {
+    /// The frame range in frame-set syntax (`1-250`, `1-250x2`).
+    pub frames: String,
+    /// Output size, resolution percentage applied.
+    pub width: u32,
+    /// Output height.
+    pub height: u32,
+    /// Blender's output format name (`PNG`, `OPEN_EXR`, ...).
+    pub file_format: String,
+}
+
+/// Reads the scene's frame range, output size and format with Blender.
+pub async fn inspect_scene(blender: &Path, scene: &Path) -> Result<SceneFacts> {
+    let expr = "import bpy; s = bpy.context.scene; r = s.render; \
+        print('TESSERA_SCENE %d %d %d %d %d %s' % (s.frame_start, s.frame_end, s.frame_step, \
+        r.resolution_x * r.resolution_percentage // 100, r.resolution_y * r.resolution_percentage // 100, \
+        r.image_settings.file_format))";
     let out = tokio::process::Command::new(blender)
         .arg("-b")
         .arg(scene)
@@ -80,29 +96,39 @@ pub async fn scene_frames(blender: &Path, scene: &Path) -> Result<String> {
         .await
         .with_context(|| {
             format!(
-                "cannot run Blender (`{}`) to read the scene's frame range; pass --frames, or install Blender (apt-get install blender)",
+                "cannot run Blender (`{}`) to read the scene's frame range and size; install Blender (apt-get install blender) or pass --blender PATH",
                 blender.display()
             )
         })?;
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text
         .lines()
-        .find_map(|l| l.strip_prefix("TESSERA_RANGE "))
+        .find_map(|l| l.strip_prefix("TESSERA_SCENE "))
         .ok_or_else(|| {
+            let tail: Vec<&str> = text.lines().rev().take(5).collect();
             anyhow!(
-                "Blender could not read the frame range of {}; pass --frames",
-                scene.display()
+                "Blender could not read {}: {}",
+                scene.display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
             )
         })?;
-    let n: Vec<u32> = line
-        .split_whitespace()
+    let parts: Vec<&str> = line.split_whitespace().collect();
+    let n: Vec<u32> = parts
+        .iter()
+        .take(5)
         .filter_map(|x| x.parse().ok())
         .collect();
-    match n.as_slice() {
-        [a, b, 1] => Ok(format!("{a}-{b}")),
-        [a, b, s] => Ok(format!("{a}-{b}x{s}")),
-        _ => bail!("Blender printed an unexpected frame range `{line}`; pass --frames"),
-    }
+    let (frames, width, height) = match n.as_slice() {
+        [a, b, 1, w, h] => (format!("{a}-{b}"), *w, *h),
+        [a, b, s, w, h] => (format!("{a}-{b}x{s}"), *w, *h),
+        _ => bail!("Blender printed unexpected scene facts `{line}`; pass --frames"),
+    };
+    Ok(SceneFacts {
+        frames,
+        width,
+        height,
+        file_format: parts.get(5).unwrap_or(&"").to_string(),
+    })
 }
 
 /// Validates the frame set here, for an early and clear error.
@@ -139,8 +165,17 @@ fn bar(total: u64) -> ProgressBar {
     pb
 }
 
-/// Frames finished, counting frames reported by running tasks.
+/// Whether the job renders tiles (progress then counts tiles).
+fn tiled(job: &pb::JobView) -> bool {
+    !job.tiles.is_empty() && job.tiles != "1x1"
+}
+
+/// Units finished: tiles for tiled jobs, else frames (counting frames
+/// reported by running tasks).
 fn frames_done(job: &pb::JobView) -> u64 {
+    if tiled(job) {
+        return u64::from(job.tasks_done);
+    }
     let running: u32 = job
         .tasks
         .iter()
@@ -204,6 +239,17 @@ pub async fn wait(client: &mut Client, id: u64) -> Result<pb::JobView> {
 }
 
 fn bar_for(job: &pb::JobView) -> ProgressBar {
+    if tiled(job) {
+        let b = bar(u64::from(job.tasks_total));
+        b.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:40.cyan/blue} {pos}/{len} tiles  {msg}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        return b;
+    }
     bar(u64::from(job.frames_total))
 }
 

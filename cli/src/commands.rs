@@ -131,6 +131,7 @@ pub fn coordinator_config(a: &CoordinatorArgs) -> Result<tessera_coordinator::Co
         max_frames: a.max_frames,
         max_attempts: a.max_attempts.max(1),
         max_upload: a.max_upload_mib.saturating_mul(1 << 20),
+        max_tiles: a.max_tiles,
     })
 }
 
@@ -189,8 +190,15 @@ async fn worker(url: &str, args: WorkerArgs) -> Result<()> {
     Ok(())
 }
 
-/// Checks the scene and frames, reading the frame range with Blender when not given.
-pub async fn prepare(job: &JobArgs) -> Result<String> {
+/// A checked submission: the frame set and, when read, the scene's facts.
+pub struct Prepared {
+    frames: String,
+    facts: Option<client::SceneFacts>,
+}
+
+/// Checks the scene, frames and tiles; reads the scene with Blender when the
+/// frames are not given or the job is tiled (tiles need the frame size).
+pub async fn prepare(job: &JobArgs) -> Result<Prepared> {
     client::check_scene(&job.scene)?;
     if job.chunk < 1 {
         bail!(
@@ -198,16 +206,28 @@ pub async fn prepare(job: &JobArgs) -> Result<String> {
             job.chunk
         );
     }
-    let frames = match &job.frames {
-        Some(f) => f.clone(),
-        None => client::scene_frames(&job.blender, &job.scene).await?,
+    let grid: tessera_coordinator::tiles::Grid =
+        job.tiles.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let facts = if job.frames.is_none() || grid.count() > 1 {
+        Some(client::inspect_scene(&job.blender, &job.scene).await?)
+    } else {
+        None
+    };
+    let frames = match (&job.frames, &facts) {
+        (Some(f), _) => f.clone(),
+        (None, Some(facts)) => facts.frames.clone(),
+        (None, None) => unreachable!("facts are read when frames are missing"),
     };
     client::check_frames(&frames)?;
-    Ok(frames)
+    if let Some(f) = facts.as_ref().filter(|_| grid.count() > 1) {
+        tessera_coordinator::tiles::split(f.width, f.height, grid, u32::MAX)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    Ok(Prepared { frames, facts })
 }
 
 /// Uploads and submits; returns the job id.
-pub async fn submit_job(c: &mut Client, job: &JobArgs, frames: String) -> Result<u64> {
+pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Result<u64> {
     let (digest, sent) = client::upload_scene(c, &job.scene).await?;
     if sent == 0 {
         eprintln!("scene already on the coordinator; 0 bytes uploaded");
@@ -222,10 +242,17 @@ pub async fn submit_job(c: &mut Client, job: &JobArgs, frames: String) -> Result
     let spec = pb::JobSpec {
         scene_digest: digest,
         scene_name: name,
-        frames,
+        frames: prepared.frames,
         chunk: u32::try_from(job.chunk).unwrap_or(u32::MAX),
         priority: job.priority,
         max_attempts: job.max_attempts.unwrap_or(0),
+        tiles: job.tiles.clone(),
+        overscan: Some(job.overscan),
+        scene_info: prepared.facts.map(|f| pb::SceneInfo {
+            width: f.width,
+            height: f.height,
+            file_format: f.file_format,
+        }),
     };
     let id = c
         .farm

@@ -98,6 +98,9 @@ struct CoordinatorArgs {
     /// Largest upload accepted, in MiB.
     #[arg(long, default_value_t = 8192)]
     max_upload_mib: u64,
+    /// Most tiles in one frame.
+    #[arg(long, default_value_t = 256)]
+    max_tiles: u32,
 }
 
 #[derive(Args, Debug)]
@@ -139,7 +142,13 @@ struct JobArgs {
     /// Failures a task may have before the job fails (default: the coordinator's).
     #[arg(long)]
     max_attempts: Option<u32>,
-    /// Blender executable, used to read the scene's frame range when --frames is absent.
+    /// Split every frame into columns x rows tiles, stitched back pixel-exactly (PNG or OpenEXR output).
+    #[arg(long, default_value = "1x1")]
+    tiles: String,
+    /// Overscan margin of tiles in pixels, so adaptive sampling and the pixel filter see their neighbours.
+    #[arg(long, default_value_t = 16)]
+    overscan: u32,
+    /// Blender executable, used to read the scene's frame range and size.
     #[arg(long, env = "TESSERA_BLENDER", default_value = "blender")]
     blender: PathBuf,
 }

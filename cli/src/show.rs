@@ -46,6 +46,9 @@ pub fn job_json(j: &pb::JobView) -> Value {
         "frames_total": j.frames_total,
         "frames_done": j.outputs.len(),
         "chunk": j.chunk,
+        "tiles": j.tiles,
+        "overscan": j.overscan,
+        "frame_tiles": j.frame_tiles.iter().map(|f| json!({"frame": f.frame, "tiles_done": f.tiles_done, "tiles_total": f.tiles_total, "stitched": f.stitched})).collect::<Vec<_>>(),
         "priority": j.priority,
         "max_attempts": j.max_attempts,
         "tasks_total": j.tasks_total,
@@ -166,6 +169,32 @@ pub fn job(j: &pb::JobView) {
     println!("  submitted {}", age(j.created_ms));
     if !j.message.is_empty() {
         println!("  message   {}", j.message.replace('\n', "\n            "));
+    }
+    if !j.frame_tiles.is_empty() {
+        println!(
+            "  tiles     {} per frame, {} px overscan",
+            j.tiles, j.overscan
+        );
+        println!();
+        let rows = j
+            .frame_tiles
+            .iter()
+            .map(|f| {
+                vec![
+                    f.frame.to_string(),
+                    format!("{}/{}", f.tiles_done, f.tiles_total),
+                    if f.stitched {
+                        "stitched"
+                    } else if f.tiles_done == f.tiles_total {
+                        "stitching"
+                    } else {
+                        "rendering"
+                    }
+                    .to_string(),
+                ]
+            })
+            .collect();
+        table(&["FRAME", "TILES", "STATE"], rows);
     }
     println!();
     let rows = j

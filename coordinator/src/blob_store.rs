@@ -36,6 +36,9 @@ pub trait BlobStore: Send + Sync + 'static {
     /// Reads `len` bytes at `offset` (for streaming large blobs).
     fn read_range(&self, digest: &Digest, offset: u64, len: usize) -> Result<Vec<u8>, Error>;
 
+    /// Deletes a blob (a no-op when absent).
+    fn remove(&self, digest: &Digest) -> Result<(), Error>;
+
     /// Stores `bytes` whole (verifying them against `digest`).
     fn put(&self, digest: Digest, bytes: &[u8]) -> Result<bool, Error> {
         let mut w = self.writer(digest, bytes.len() as u64)?;
@@ -127,6 +130,15 @@ impl BlobWriter for FsWriter {
 }
 
 impl BlobStore for FsBlobStore {
+    fn remove(&self, digest: &Digest) -> Result<(), Error> {
+        match std::fs::remove_file(self.path(digest)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(Error::io(format!("cannot remove blob {digest}"), e))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn contains(&self, digest: &Digest) -> bool {
         self.path(digest).is_file()
     }
@@ -218,6 +230,11 @@ impl BlobWriter for MemoryWriter {
 }
 
 impl BlobStore for MemoryBlobStore {
+    fn remove(&self, digest: &Digest) -> Result<(), Error> {
+        self.blobs.lock().unwrap().remove(digest);
+        Ok(())
+    }
+
     fn contains(&self, digest: &Digest) -> bool {
         self.blobs.lock().unwrap().contains_key(digest)
     }

@@ -4,7 +4,7 @@ use tessera_proto as pb;
 
 use crate::digest::Digest;
 use crate::error::Error;
-use crate::farm::{Assignment, JobSnapshot, Registration, Submission, WorkerSnapshot};
+use crate::farm::{Assignment, JobSnapshot, Registration, SceneInfo, Submission, WorkerSnapshot};
 use crate::job::{JobId, JobState};
 use crate::task::{FrameOutput, TaskState};
 use crate::worker::WorkerId;
@@ -26,6 +26,13 @@ impl TryFrom<pb::JobSpec> for Submission {
             chunk: s.chunk,
             priority: s.priority,
             max_attempts: s.max_attempts,
+            tiles: s.tiles,
+            overscan: s.overscan,
+            scene_info: s.scene_info.map(|i| SceneInfo {
+                width: i.width,
+                height: i.height,
+                file_format: i.file_format,
+            }),
         })
     }
 }
@@ -101,8 +108,22 @@ impl From<&JobSnapshot> for pb::JobView {
                 worker_id: t.holder().map(|w| w.0.clone()).unwrap_or_default(),
                 message: t.message.clone(),
                 frames_done: t.frames_done,
+                tile: t.tile.map(|tile| tile.index),
             })
             .collect();
+        let mut frame_tiles: Vec<pb::FrameTiles> = Vec::new();
+        if j.is_tiled() {
+            let per_frame = j.grid.count() as usize;
+            for chunk in s.tasks.chunks(per_frame) {
+                let frame = chunk[0].frames[0];
+                frame_tiles.push(pb::FrameTiles {
+                    frame,
+                    tiles_done: chunk.iter().filter(|t| t.is_done()).count() as u32,
+                    tiles_total: chunk.len() as u32,
+                    stitched: j.stitched.iter().any(|o| o.frame == frame),
+                });
+            }
+        }
         Self {
             id: j.id.0,
             scene_name: j.scene_name.clone(),
@@ -122,6 +143,9 @@ impl From<&JobSnapshot> for pb::JobView {
             outputs: s.outputs().iter().map(Into::into).collect(),
             tasks,
             max_attempts: j.max_attempts,
+            tiles: j.grid.to_string(),
+            overscan: j.overscan,
+            frame_tiles,
         }
     }
 }
@@ -156,6 +180,20 @@ impl From<&Assignment> for pb::TaskAssignment {
             frames: a.frames.clone(),
             attempt: a.attempt,
             lease_ttl_ms: a.ttl_ms.min(u64::from(u32::MAX)) as u32,
+            tile: a.tile.map(|t| pb::TileRegion {
+                rendered: Some(pb::Rect {
+                    x: t.rendered.x,
+                    y: t.rendered.y,
+                    w: t.rendered.w,
+                    h: t.rendered.h,
+                }),
+                frame_width: t.frame.0,
+                frame_height: t.frame.1,
+                border_min_x: t.border.0,
+                border_max_x: t.border.1,
+                border_min_y: t.border.2,
+                border_max_y: t.border.3,
+            }),
         }
     }
 }

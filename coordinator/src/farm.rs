@@ -19,7 +19,8 @@ use crate::error::Error;
 use crate::frames::FrameSet;
 use crate::job::{Job, JobId, JobState};
 use crate::store::{MetaStore, Record};
-use crate::task::{Completion, FailOutcome, FrameOutput, LeaseId, Task, TaskState};
+use crate::task::{Completion, FailOutcome, FrameOutput, LeaseId, Task, TaskState, TileTask};
+use crate::tiles::{self, Grid, Rect};
 use crate::worker::{WorkerId, WorkerRecord};
 
 /// Limits and timings of a coordinator.
@@ -33,6 +34,8 @@ pub struct Config {
     pub max_attempts: u32,
     /// Largest upload accepted, in bytes.
     pub max_upload: u64,
+    /// Most tiles in one frame.
+    pub max_tiles: u32,
 }
 
 impl Default for Config {
@@ -42,6 +45,7 @@ impl Default for Config {
             max_frames: 100_000,
             max_attempts: 3,
             max_upload: 8 << 30,
+            max_tiles: 256,
         }
     }
 }
@@ -61,10 +65,41 @@ pub struct Submission {
     pub priority: i32,
     /// Failures a task may have (0 = the coordinator's default).
     pub max_attempts: u32,
+    /// Tile grid syntax (`CxR`); empty means whole frames.
+    pub tiles: String,
+    /// Overscan margin of tiles (None = 16 px).
+    pub overscan: Option<u32>,
+    /// What the submitter read from the scene.
+    pub scene_info: Option<SceneInfo>,
+}
+
+/// Facts about a scene read with Blender by the submitter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SceneInfo {
+    /// Output width in pixels, percentage applied.
+    pub width: u32,
+    /// Output height in pixels.
+    pub height: u32,
+    /// Blender's file format name (`PNG`, `OPEN_EXR`, ...).
+    pub file_format: String,
+}
+
+/// Overscan used when a submission names none.
+pub const DEFAULT_OVERSCAN: u32 = 16;
+
+/// A tile to render, as sent to a worker.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AssignedTile {
+    /// The region to render (tile plus overscan).
+    pub rendered: Rect,
+    /// The frame's size.
+    pub frame: (u32, u32),
+    /// Blender's border fractions for `rendered`: min x, max x, min y, max y.
+    pub border: (f64, f64, f64, f64),
 }
 
 /// What a worker is told to do.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Assignment {
     /// The grant.
     pub lease: LeaseId,
@@ -78,6 +113,8 @@ pub struct Assignment {
     pub attempt: u32,
     /// Lease TTL.
     pub ttl_ms: u64,
+    /// For a tile task: the region.
+    pub tile: Option<AssignedTile>,
 }
 
 /// What a worker says about itself when it registers.
@@ -107,8 +144,11 @@ pub struct JobSnapshot {
 }
 
 impl JobSnapshot {
-    /// Every rendered frame, by frame number.
+    /// Every rendered frame, by frame number (for tiled jobs, the stitched frames).
     pub fn outputs(&self) -> Vec<FrameOutput> {
+        if self.job.is_tiled() {
+            return self.job.stitched.clone();
+        }
         let mut out: Vec<FrameOutput> = self
             .tasks
             .iter()
@@ -238,10 +278,67 @@ impl Farm {
             .filter(|c| !c.is_control())
             .take(200)
             .collect();
-        let chunks = frames.chunks(chunk);
+        let grid: Grid = match sub.tiles.trim() {
+            "" => Grid::WHOLE,
+            t => t
+                .parse()
+                .map_err(|e: tiles::TileError| Error::Invalid(e.to_string()))?,
+        };
+        let overscan = sub.overscan.unwrap_or(DEFAULT_OVERSCAN);
+        if overscan > 4096 {
+            return Err(Error::invalid(format!(
+                "overscan of {overscan} px is too large; use at most 4096"
+            )));
+        }
+        let (width, height, rects) = if grid.count() > 1 {
+            let info = sub.scene_info.as_ref().filter(|i| i.width > 0 && i.height > 0).ok_or_else(|| {
+                Error::invalid("a tiled job needs the scene's resolution; submit it with `tessera submit`, which reads it with Blender")
+            })?;
+            if !matches!(info.file_format.as_str(), "PNG" | "OPEN_EXR") {
+                return Err(Error::invalid(format!(
+                    "the scene's output format is {}, which cannot be stitched from tiles; set Output Properties > File Format to PNG or OpenEXR, or submit without --tiles",
+                    info.file_format
+                )));
+            }
+            let rects = tiles::split(info.width, info.height, grid, self.config.max_tiles)
+                .map_err(|e| Error::Invalid(e.to_string()))?;
+            let total = rects.len() as u64 * frames.len() as u64;
+            if total > self.config.max_frames {
+                return Err(Error::invalid(format!(
+                    "{} frames of {} tiles make {total} tasks, over the limit of {}; split the frames into several jobs",
+                    frames.len(),
+                    rects.len(),
+                    self.config.max_frames
+                )));
+            }
+            (info.width, info.height, rects)
+        } else {
+            (0, 0, Vec::new())
+        };
         let now = self.clock.now_ms();
         let mut st = self.lock();
         let id = JobId(st.next_job);
+        let tasks: Vec<Task> = if rects.is_empty() {
+            frames
+                .chunks(chunk)
+                .into_iter()
+                .enumerate()
+                .map(|(i, f)| Task::new(id, i as u32, f))
+                .collect()
+        } else {
+            let mut tasks = Vec::with_capacity(frames.len() * rects.len());
+            for &frame in frames.frames() {
+                for (t, rect) in rects.iter().enumerate() {
+                    let tile = TileTask {
+                        index: t as u32,
+                        inner: *rect,
+                        rendered: tiles::with_overscan(*rect, overscan, width, height),
+                    };
+                    tasks.push(Task::new_tile(id, tasks.len() as u32, frame, tile));
+                }
+            }
+            tasks
+        };
         let job = Job {
             id,
             scene: sub.scene,
@@ -252,25 +349,25 @@ impl Farm {
             },
             frames: frames.to_string(),
             frame_count: frames.len() as u32,
-            chunk,
+            chunk: if rects.is_empty() { chunk } else { 1 },
             priority: sub.priority,
             max_attempts,
-            task_count: chunks.len() as u32,
+            task_count: tasks.len() as u32,
             state: JobState::Queued,
             message: String::new(),
             created_ms: now,
             finished_ms: None,
+            grid,
+            overscan,
+            width,
+            height,
+            stitched: Vec::new(),
         };
-        let tasks: Vec<Task> = chunks
-            .into_iter()
-            .enumerate()
-            .map(|(i, f)| Task::new(id, i as u32, f))
-            .collect();
         let mut records: Vec<Record<'_>> = tasks.iter().map(Record::Task).collect();
         records.push(Record::Job(&job));
         self.store.write(&records)?;
         st.next_job += 1;
-        tracing::info!(job = %id, scene = %job.scene_name, frames = %job.frames, tasks = tasks.len(), "job submitted");
+        tracing::info!(job = %id, scene = %job.scene_name, frames = %job.frames, tiles = %job.grid, tasks = tasks.len(), "job submitted");
         st.jobs.insert(id, job);
         st.tasks.insert(id, tasks);
         drop(st);
@@ -415,6 +512,11 @@ impl Farm {
             frames: new_task.frames.clone(),
             attempt: new_task.failures + 1,
             ttl_ms: self.config.lease_ttl_ms,
+            tile: new_task.tile.map(|t| AssignedTile {
+                rendered: t.rendered,
+                frame: (job.width, job.height),
+                border: tiles::blender_border(t.rendered, job.width, job.height),
+            }),
         };
         *task = new_task;
         *job = new_job;
@@ -532,24 +634,199 @@ impl Farm {
             }
         }
         let now = self.clock.now_ms();
-        let mut st = self.lock();
-        let (mut task, mut job) = Self::find(&st, lease)?;
-        let holder = task.holder().cloned();
-        let completion = task.complete(lease.grant, outputs)?;
-        if completion == Completion::Duplicate {
-            tracing::info!(lease = %lease, "duplicate result ignored");
-            return Ok(completion);
+        let ready = {
+            let mut st = self.lock();
+            let (mut task, mut job) = Self::find(&st, lease)?;
+            let holder = task.holder().cloned();
+            let completion = task.complete(lease.grant, outputs)?;
+            if completion == Completion::Duplicate {
+                tracing::info!(lease = %lease, "duplicate result ignored");
+                return Ok(completion);
+            }
+            tracing::info!(lease = %lease, "task done");
+            let siblings = &st.tasks[&lease.job];
+            let ready = if job.is_tiled() {
+                let frame = task.frames[0];
+                let all = siblings
+                    .iter()
+                    .filter(|t| t.frames[0] == frame)
+                    .all(|t| t.index == task.index || t.is_done());
+                all.then_some(frame)
+            } else {
+                if siblings
+                    .iter()
+                    .all(|t| t.index == task.index || t.is_done())
+                    && !job.state.is_final()
+                {
+                    job.finish(now)?;
+                    tracing::info!(job = %job.id, "job done");
+                }
+                None
+            };
+            self.apply(&mut st, vec![task], job, holder.as_ref().map(|h| (h, true)))?;
+            ready
+        };
+        if let Some(frame) = ready {
+            self.stitch_frame(lease.job, frame)?;
         }
-        let all_done = st.tasks[&lease.job]
+        Ok(Completion::Recorded)
+    }
+
+    /// Assembles `frame` of a tiled job from its tiles, stores it, and ends the
+    /// job when it was the last frame. A frame already stitched is left alone.
+    pub fn stitch_frame(&self, id: JobId, frame: u32) -> Result<(), Error> {
+        let (width, height, parts) = {
+            let st = self.lock();
+            let job = st
+                .jobs
+                .get(&id)
+                .ok_or_else(|| Error::NotFound(format!("job {id}")))?;
+            if job.state.is_final() || job.stitched.iter().any(|o| o.frame == frame) {
+                return Ok(());
+            }
+            let parts: Vec<(Rect, Rect, Digest)> = st.tasks[&id]
+                .iter()
+                .filter(|t| t.frames[0] == frame)
+                .filter_map(|t| match (&t.state, t.tile) {
+                    (TaskState::Done { outputs }, Some(tile)) => {
+                        Some((tile.inner, tile.rendered, outputs.first()?.digest))
+                    }
+                    _ => None,
+                })
+                .collect();
+            (job.width, job.height, parts)
+        };
+        let started = std::time::Instant::now();
+        let stitched = parts
             .iter()
-            .all(|t| t.index == task.index || t.is_done());
-        tracing::info!(lease = %lease, "task done");
-        if all_done && !job.state.is_final() {
-            job.finish(now)?;
-            tracing::info!(job = %job.id, "job done");
+            .map(|(_, _, d)| self.blobs.read(d))
+            .collect::<Result<Vec<_>, _>>()
+            .and_then(|images| {
+                let pieces: Vec<crate::stitch::TilePiece<'_>> = parts
+                    .iter()
+                    .zip(&images)
+                    .map(|((inner, rendered, _), bytes)| crate::stitch::TilePiece {
+                        inner: *inner,
+                        rendered: *rendered,
+                        bytes,
+                    })
+                    .collect();
+                crate::stitch::stitch(width, height, &pieces)
+                    .map_err(|e| Error::Invalid(e.to_string()))
+            });
+        let output = match stitched {
+            Ok((bytes, ext)) => {
+                let digest = Digest::of(&bytes);
+                self.blobs.put(digest, &bytes)?;
+                Ok(FrameOutput {
+                    frame,
+                    digest,
+                    ext: ext.to_string(),
+                    size: bytes.len() as u64,
+                })
+            }
+            Err(e) => Err(e),
+        };
+        let now = self.clock.now_ms();
+        let mut st = self.lock();
+        let mut job = st
+            .jobs
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("job {id}")))?;
+        if job.state.is_final() || job.stitched.iter().any(|o| o.frame == frame) {
+            return Ok(());
         }
-        self.apply(&mut st, vec![task], job, holder.as_ref().map(|h| (h, true)))?;
-        Ok(completion)
+        let mut changed = Vec::new();
+        match output {
+            Ok(out) => {
+                tracing::info!(job = %id, frame, tiles = parts.len(), ms = started.elapsed().as_millis() as u64, "frame stitched");
+                job.stitched.push(out);
+                job.stitched.sort_by_key(|o| o.frame);
+                if job.stitched.len() as u32 >= job.frame_count {
+                    job.finish(now)?;
+                    tracing::info!(job = %job.id, "job done");
+                }
+            }
+            Err(e) => {
+                tracing::error!(job = %id, frame, "cannot stitch: {e}");
+                job.fail(
+                    format!("frame {frame} could not be stitched from its tiles: {e}"),
+                    now,
+                )?;
+                changed = st.tasks[&id]
+                    .iter()
+                    .cloned()
+                    .map(|mut t| {
+                        t.cancel();
+                        t
+                    })
+                    .collect();
+            }
+        }
+        let mut records: Vec<Record<'_>> = changed.iter().map(Record::Task).collect();
+        records.push(Record::Job(&job));
+        self.store.write(&records)?;
+        for t in changed {
+            let i = t.index as usize;
+            st.tasks.get_mut(&id).expect("job has tasks")[i] = t;
+        }
+        st.jobs.insert(id, job);
+        // The frame is durable: its tiles are no longer needed, unless another
+        // record happens to hold the same bytes.
+        let unused: Vec<Digest> = parts
+            .iter()
+            .map(|(_, _, d)| *d)
+            .filter(|d| !Self::referenced_elsewhere(&st, id, frame, d))
+            .collect();
+        drop(st);
+        for d in unused {
+            if let Err(e) = self.blobs.remove(&d) {
+                tracing::warn!("cannot remove tile blob {d}: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a blob is used by anything but the tiles of `frame` of job `id`.
+    fn referenced_elsewhere(st: &State, id: JobId, frame: u32, d: &Digest) -> bool {
+        st.jobs.values().any(|j| j.scene == *d || j.stitched.iter().any(|o| o.digest == *d))
+            || st.tasks.iter().any(|(job, tasks)| {
+                tasks.iter().any(|t| {
+                    let own_tile = *job == id && t.tile.is_some() && t.frames[0] == frame;
+                    !own_tile && matches!(&t.state, TaskState::Done { outputs } if outputs.iter().any(|o| o.digest == *d))
+                })
+            })
+    }
+
+    /// Stitches frames whose tiles all arrived before a crash cut stitching short.
+    pub fn recover_stitching(&self) -> Result<(), Error> {
+        let pending: Vec<(JobId, u32)> = {
+            let st = self.lock();
+            let mut pending = Vec::new();
+            for job in st
+                .jobs
+                .values()
+                .filter(|j| j.is_tiled() && !j.state.is_final())
+            {
+                let mut frames: BTreeMap<u32, bool> = BTreeMap::new();
+                for t in &st.tasks[&job.id] {
+                    *frames.entry(t.frames[0]).or_insert(true) &= t.is_done();
+                }
+                pending.extend(
+                    frames
+                        .into_iter()
+                        .filter(|(f, all)| *all && !job.stitched.iter().any(|o| o.frame == *f))
+                        .map(|(f, _)| (job.id, f)),
+                );
+            }
+            pending
+        };
+        for (job, frame) in pending {
+            tracing::info!(job = %job, frame, "stitching a frame left over from before the restart");
+            self.stitch_frame(job, frame)?;
+        }
+        Ok(())
     }
 
     /// Records a failed attempt; the task is retried elsewhere or, out of
@@ -737,6 +1014,7 @@ mod tests {
             max_frames: 1000,
             max_attempts: 2,
             max_upload: 1 << 20,
+            max_tiles: 16,
         }
     }
 
@@ -748,6 +1026,9 @@ mod tests {
             chunk,
             priority: 0,
             max_attempts: 0,
+            tiles: String::new(),
+            overscan: None,
+            scene_info: None,
         }
     }
 

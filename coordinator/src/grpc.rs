@@ -251,7 +251,12 @@ impl pb::work_server::Work for WorkService {
             .into_iter()
             .map(FrameOutput::try_from)
             .collect::<Result<Vec<_>, _>>()?;
-        self.farm.complete(lease(&req.lease_id)?, outputs)?;
+        let lease = lease(&req.lease_id)?;
+        // Completing the last tile of a frame stitches it: disk and CPU work.
+        let farm = self.farm.clone();
+        tokio::task::spawn_blocking(move || farm.complete(lease, outputs))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))??;
         Ok(Response::new(pb::Ack {}))
     }
 

@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::digest::Digest;
 use crate::error::Error;
+use crate::task::FrameOutput;
+use crate::tiles::Grid;
 
 /// A job's id: a number that grows with every submission and is never reused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -83,9 +85,33 @@ pub struct Job {
     pub created_ms: u64,
     /// When it ended, if it did.
     pub finished_ms: Option<u64>,
+    /// The tile grid; 1x1 renders whole frames.
+    #[serde(default = "whole")]
+    pub grid: Grid,
+    /// Overscan margin of tiles, in pixels.
+    #[serde(default)]
+    pub overscan: u32,
+    /// Frame size in pixels (known for tiled jobs; 0 otherwise).
+    #[serde(default)]
+    pub width: u32,
+    /// Frame height in pixels.
+    #[serde(default)]
+    pub height: u32,
+    /// Frames assembled from their tiles, by frame number.
+    #[serde(default)]
+    pub stitched: Vec<FrameOutput>,
+}
+
+fn whole() -> Grid {
+    Grid::WHOLE
 }
 
 impl Job {
+    /// Whether frames are split into tiles.
+    pub fn is_tiled(&self) -> bool {
+        self.grid.count() > 1
+    }
+
     /// Queued -> Running, on the first lease. A no-op when already running.
     pub fn start(&mut self) -> Result<(), Error> {
         match self.state {
@@ -151,6 +177,11 @@ mod tests {
             message: String::new(),
             created_ms: 0,
             finished_ms: None,
+            grid: Grid::WHOLE,
+            overscan: 0,
+            width: 0,
+            height: 0,
+            stitched: Vec::new(),
         }
     }
 

@@ -13,6 +13,8 @@
 //! - [`convert`]: domain <-> protocol conversions.
 //! - [`grpc`]: thin tonic adapters over [`farm::Farm`].
 //! - [`server`]: opening a data directory and serving.
+//! - [`tiles`]: tile grids, overscan and Blender render borders.
+//! - [`stitch`]: assembling a frame from rendered tiles, pixel for pixel.
 
 pub mod blendfile;
 pub mod blob_store;
@@ -25,8 +27,10 @@ pub mod frames;
 pub mod grpc;
 pub mod job;
 pub mod server;
+pub mod stitch;
 pub mod store;
 pub mod task;
+pub mod tiles;
 pub mod worker;
 
 pub use error::Error;

@@ -31,6 +31,7 @@ impl Coordinator {
         let store = Arc::new(SledStore::open(&data.join("db"))?);
         let blobs = Arc::new(FsBlobStore::open(&data.join("blobs"), config.max_upload)?);
         let farm = Farm::open(store, blobs, Arc::new(SystemClock), config)?;
+        farm.recover_stitching()?;
         Ok(Self {
             farm: Arc::new(farm),
         })

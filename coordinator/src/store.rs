@@ -212,6 +212,11 @@ mod tests {
             message: String::new(),
             created_ms: 1,
             finished_ms: None,
+            grid: crate::tiles::Grid::WHOLE,
+            overscan: 0,
+            width: 0,
+            height: 0,
+            stitched: Vec::new(),
         }
     }
 

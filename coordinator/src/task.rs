@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::digest::Digest;
 use crate::error::Error;
 use crate::job::JobId;
+use crate::tiles::Rect;
 use crate::worker::WorkerId;
 
 /// Names one grant of one task to one worker.
@@ -119,7 +120,18 @@ pub enum FailOutcome {
     Failed,
 }
 
-/// A chunk of frames of one job.
+/// Which part of a frame a tile task renders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TileTask {
+    /// Index in the frame's grid, row-major from the top-left.
+    pub index: u32,
+    /// The tile's own pixels.
+    pub inner: Rect,
+    /// The pixels rendered: the tile plus overscan, clamped to the frame.
+    pub rendered: Rect,
+}
+
+/// A chunk of frames of one job, or one tile of one frame.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Task {
     /// The job.
@@ -140,6 +152,9 @@ pub struct Task {
     pub message: String,
     /// Frames the holder reported done.
     pub frames_done: u32,
+    /// For a tile task: which tile.
+    #[serde(default)]
+    pub tile: Option<TileTask>,
 }
 
 impl Task {
@@ -155,6 +170,15 @@ impl Task {
             failed_on: Vec::new(),
             message: String::new(),
             frames_done: 0,
+            tile: None,
+        }
+    }
+
+    /// A new queued task rendering one tile of `frame`.
+    pub fn new_tile(job: JobId, index: u32, frame: u32, tile: TileTask) -> Self {
+        Self {
+            tile: Some(tile),
+            ..Self::new(job, index, vec![frame])
         }
     }
 

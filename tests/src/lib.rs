@@ -315,3 +315,25 @@ pub fn wait_for(
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// Every channel of an OpenEXR file's first layer as f32, by channel name.
+pub fn exr_channels(path: &Path) -> (u32, u32, Vec<(String, Vec<f32>)>) {
+    use exr::prelude::*;
+    let image = read()
+        .no_deep_data()
+        .largest_resolution_level()
+        .all_channels()
+        .first_valid_layer()
+        .all_attributes()
+        .from_file(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let size = image.layer_data.size;
+    let channels = image
+        .layer_data
+        .channel_data
+        .list
+        .iter()
+        .map(|c| (c.name.to_string(), c.sample_data.values_as_f32().collect()))
+        .collect();
+    (size.width() as u32, size.height() as u32, channels)
+}

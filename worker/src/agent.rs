@@ -353,6 +353,19 @@ async fn execute<R: Renderer>(
         frames: task.frames.clone(),
         out_dir,
         threads: shared.config.threads,
+        tile: task.tile.as_ref().and_then(|t| {
+            let r = t.rendered.as_ref()?;
+            Some(crate::blender::TileRender {
+                size: (r.w, r.h),
+                frame: (t.frame_width, t.frame_height),
+                border: [
+                    t.border_min_x,
+                    t.border_max_x,
+                    t.border_min_y,
+                    t.border_max_y,
+                ],
+            })
+        }),
     };
     let frames = shared.renderer.render(req, done, stop).await?;
     let mut outputs = Vec::with_capacity(frames.len());

@@ -50,6 +50,38 @@ pub struct RenderRequest {
     pub out_dir: PathBuf,
     /// Render threads (None: Blender's default, all cores).
     pub threads: Option<u32>,
+    /// For a tile: the region to render.
+    pub tile: Option<TileRender>,
+}
+
+/// A tile region to render, as the coordinator computed it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TileRender {
+    /// Width and height of the rendered region (tile plus overscan).
+    pub size: (u32, u32),
+    /// The full frame's size, which the scene must still have.
+    pub frame: (u32, u32),
+    /// Blender's border fractions: min x, max x, min y, max y (y from the bottom).
+    pub border: [f64; 4],
+}
+
+impl TileRender {
+    /// Python run inside Blender before rendering: checks the scene's size and
+    /// sets the border, cropped to the region.
+    pub fn python(&self) -> String {
+        let (fw, fh) = self.frame;
+        let [x0, x1, y0, y1] = self.border;
+        format!(
+            "import bpy\n\
+             r = bpy.context.scene.render\n\
+             size = (r.resolution_x * r.resolution_percentage // 100, r.resolution_y * r.resolution_percentage // 100)\n\
+             if size != ({fw}, {fh}):\n    \
+             raise RuntimeError('tessera: the scene renders %dx%d but the job was submitted for {fw}x{fh}; submit it again' % size)\n\
+             r.use_border = True\n\
+             r.use_crop_to_border = True\n\
+             r.border_min_x, r.border_max_x, r.border_min_y, r.border_max_y = {x0:?}, {x1:?}, {y0:?}, {y1:?}\n"
+        )
+    }
 }
 
 /// A rendered image.
@@ -150,9 +182,11 @@ impl Renderer for BlenderProcess {
         let mut cmd = Command::new(&self.blender);
         cmd.arg("-b")
             .arg(&req.scene)
-            .args(["--python-exit-code", PYTHON_EXIT_CODE])
-            .arg("-o")
-            .arg(req.out_dir.join("frame_####"));
+            .args(["--python-exit-code", PYTHON_EXIT_CODE]);
+        if let Some(tile) = &req.tile {
+            cmd.arg("--python-expr").arg(tile.python());
+        }
+        cmd.arg("-o").arg(req.out_dir.join("frame_####"));
         if let Some(t) = req.threads {
             cmd.args(["-t", &t.to_string()]);
         }
@@ -191,6 +225,7 @@ impl Renderer for BlenderProcess {
         let mut tail: VecDeque<String> = VecDeque::with_capacity(LOG_TAIL_LINES);
         let mut errors: Vec<String> = Vec::new();
         let mut saved = 0u32;
+        let mut python_exception: Option<String> = None;
         let mut status = None;
         let mut lines_open = true;
         let mut stop_open = !*stop.borrow();
@@ -204,6 +239,9 @@ impl Renderer for BlenderProcess {
                         }
                         if is_error_line(&line) && errors.len() < 5 {
                             errors.push(line.trim().to_string());
+                        }
+                        if is_python_exception(&line) {
+                            python_exception = Some(line.trim().to_string());
                         }
                         if tail.len() == LOG_TAIL_LINES {
                             tail.pop_front();
@@ -227,21 +265,70 @@ impl Renderer for BlenderProcess {
             }
         }
         let status = status.expect("loop ends with a status");
+        if let Some(exc) = python_exception.filter(|e| !errors.contains(e)) {
+            errors.push(exc);
+        }
         let log_tail = Vec::from(tail).join("\n");
+        let summary = summarize(&errors);
         if !status.success() {
-            let reason = match errors.first() {
+            let reason = match &summary {
                 Some(e) => format!("Blender failed ({status}): {e}"),
                 None => format!("Blender failed ({status})"),
             };
             return Err(failed(reason, log_tail));
         }
-        if let Some(e) = errors.first() {
+        if let Some(e) = summary {
             return Err(failed(
                 format!("Blender reported an error although it exited 0: {e}"),
                 log_tail,
             ));
         }
-        collect_outputs(&req.out_dir, &req.frames).map_err(|reason| failed(reason, log_tail))
+        let frames = collect_outputs(&req.out_dir, &req.frames)
+            .map_err(|reason| failed(reason, log_tail.clone()))?;
+        if let Some(tile) = &req.tile {
+            for f in &frames {
+                let got = crate::image_size::image_size(&f.path)
+                    .map_err(|reason| failed(reason, log_tail.clone()))?;
+                if got != tile.size {
+                    return Err(failed(
+                        format!(
+                            "tile of frame {} came out {}x{} but should be {}x{}; Blender rounded the border differently than expected",
+                            f.frame, got.0, got.1, tile.size.0, tile.size.1
+                        ),
+                        log_tail,
+                    ));
+                }
+            }
+        }
+        Ok(frames)
+    }
+}
+
+/// Whether a line is the last line of a Python traceback (`ValueError: ...`).
+pub fn is_python_exception(line: &str) -> bool {
+    let Some((name, _)) = line.split_once(": ") else {
+        return false;
+    };
+    !name.is_empty()
+        && !line.starts_with(' ')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+        && (name.ends_with("Error") || name.ends_with("Exception"))
+}
+
+/// One line naming what went wrong: the first error lines, without the
+/// uninformative traceback header.
+fn summarize(errors: &[String]) -> Option<String> {
+    let useful: Vec<&str> = errors
+        .iter()
+        .map(String::as_str)
+        .filter(|e| !e.starts_with("Traceback"))
+        .take(3)
+        .collect();
+    match useful.as_slice() {
+        [] => errors.first().cloned(),
+        lines => Some(lines.join(" | ")),
     }
 }
 
@@ -317,6 +404,40 @@ mod tests {
         ));
         assert!(!is_error_line("Fra:1 Mem:12.00M | Rendering 1 / 8 samples"));
         assert!(!is_error_line("Saved: '/tmp/frame_0001.png'"));
+    }
+
+    #[test]
+    fn python_exceptions() {
+        assert!(is_python_exception(
+            "ValueError: invalid literal for int() with base 10: 'tessera'"
+        ));
+        assert!(is_python_exception(
+            "RuntimeError: tessera: the scene renders 10x10"
+        ));
+        assert!(!is_python_exception(
+            "  File \"<bpy driver>\", line 1, in <module>"
+        ));
+        assert!(!is_python_exception("Fra:1 Mem:1M | Error: x"));
+        let errors = vec![
+            "Traceback (most recent call last):".to_string(),
+            "ValueError: bad".to_string(),
+        ];
+        assert_eq!(summarize(&errors).unwrap(), "ValueError: bad");
+    }
+
+    #[test]
+    fn tile_python_sets_the_border_and_checks_the_size() {
+        let t = TileRender {
+            size: (97, 76),
+            frame: (321, 239),
+            border: [0.1, 0.4, 0.5, 0.75],
+        };
+        let py = t.python();
+        assert!(
+            py.contains("!= (321, 239)") && py.contains("use_crop_to_border = True"),
+            "{py}"
+        );
+        assert!(py.contains("0.1, 0.4, 0.5, 0.75"), "{py}");
     }
 
     #[test]

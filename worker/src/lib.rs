@@ -6,12 +6,14 @@
 //! - [`blender`]: running Blender and judging whether a render really worked.
 //! - [`cache`]: the scene cache, keyed by blake3 digest.
 //! - [`transfer`]: streaming blobs to and from a coordinator (also used by the CLI).
+//! - [`image_size`]: reading image sizes from PNG and OpenEXR headers.
 //! - [`error`]: the worker's error type.
 
 pub mod agent;
 pub mod blender;
 pub mod cache;
 pub mod error;
+pub mod image_size;
 pub mod transfer;
 
 pub use error::Error;
