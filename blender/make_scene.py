@@ -15,6 +15,8 @@ Options (after `--`):
     --fail-mode MODE                      (fail-driver only, see FAIL_MODES)
     --heavy-grid N                        (heavy only: grid of N x N quads, default 1000)
     --heavy-tex N                         (heavy only: packed noise texture N x N, default 4096)
+    --missing-texture PATH                (any kind: the sphere's base colour comes from an image
+                                           texture at PATH, absolute, not packed, meant not to exist)
 
 Every scene: Cycles on the CPU, denoising off everywhere, dither 0, a camera,
 a sun light, a world colour and a few objects with Principled BSDF materials.
@@ -52,6 +54,7 @@ def parse_args():
     p.add_argument("--fail-mode", default=DEFAULT_FAIL_MODE, choices=FAIL_MODES)
     p.add_argument("--heavy-grid", type=int, default=1000)
     p.add_argument("--heavy-tex", type=int, default=4096)
+    p.add_argument("--missing-texture", default=None, metavar="PATH")
     return p.parse_args(argv)
 
 
@@ -291,6 +294,25 @@ def add_heavy(scene, grid, tex_size):
     return ob
 
 
+# ---------------------------------------------------------------- missing texture
+
+def add_missing_texture(objs, path):
+    """Give the sphere an image texture whose file (absolute, not packed) is expected not to
+    exist: Blender then renders it magenta without any error."""
+    path = os.path.abspath(path)
+    # images.load() refuses a missing file, so make an image datablock and point it at the path.
+    img = bpy.data.images.new("MissingTex", 4, 4)
+    img.source = "FILE"
+    img.filepath = path
+    sphere = objs["sphere"]
+    mat = sphere.data.materials[0]
+    nt = mat.node_tree
+    tex = nt.nodes.new("ShaderNodeTexImage")
+    tex.image = img
+    nt.links.new(tex.outputs["Color"], nt.nodes.get("Principled BSDF").inputs["Base Color"])
+    return img
+
+
 # ---------------------------------------------------------------- failing scenes
 
 def add_failure(scene, mode, objs):
@@ -361,6 +383,8 @@ def main():
         add_heavy(scene, args.heavy_grid, args.heavy_tex)
     elif args.kind == "fail-driver":
         add_failure(scene, args.fail_mode, objs)
+    if args.missing_texture:
+        add_missing_texture(objs, args.missing_texture)
     scene.frame_set(1)
     out = os.path.abspath(args.out)
     os.makedirs(os.path.dirname(out), exist_ok=True)

@@ -165,6 +165,25 @@ fn bar(total: u64) -> ProgressBar {
     pb
 }
 
+/// Sample progress of the renders in flight, as ` (12/64 samples)`.
+pub fn samples(job: &pb::JobView) -> String {
+    let running = job
+        .tasks
+        .iter()
+        .filter(|t| t.state == pb::TaskState::Leased as i32 && t.samples_total > 0);
+    let (done, total) = running.fold((0u64, 0u64), |(d, t), task| {
+        (
+            d + u64::from(task.samples_done),
+            t + u64::from(task.samples_total),
+        )
+    });
+    if total == 0 {
+        String::new()
+    } else {
+        format!(", {done}/{total} samples")
+    }
+}
+
 /// Whether the job renders tiles (progress then counts tiles).
 fn tiled(job: &pb::JobView) -> bool {
     !job.tiles.is_empty() && job.tiles != "1x1"
@@ -200,7 +219,9 @@ pub async fn wait(client: &mut Client, id: u64) -> Result<pb::JobView> {
                 let running = job.tasks_running;
                 b.set_message(match pb::JobState::try_from(job.state) {
                     Ok(pb::JobState::Queued) => "queued".to_string(),
-                    Ok(pb::JobState::Running) => format!("running on {running} slot(s)"),
+                    Ok(pb::JobState::Running) => {
+                        format!("running on {running} slot(s){}", samples(&job))
+                    }
                     Ok(s) => s
                         .as_str_name()
                         .trim_start_matches("JOB_STATE_")

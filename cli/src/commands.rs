@@ -176,18 +176,29 @@ async fn worker(url: &str, args: WorkerArgs) -> Result<()> {
         threads: args.threads.or(Some((cores / slots).max(1))),
     };
     tracing::info!(blender = %version, slots, "worker starting");
-    let renderer = tessera_worker::blender::BlenderProcess {
-        blender: args.blender,
-        device: tessera_worker::blender::Device::Cpu,
-    };
+    let mode = render_mode(args.fresh_process, args.session_idle)?;
     let (tx, rx) = watch::channel(false);
     tokio::spawn(async move {
         shutdown_signal().await;
         tracing::info!("shutting down: releasing tasks in flight");
         let _ = tx.send(true);
     });
-    tessera_worker::agent::run(config, renderer, rx).await?;
+    tessera_worker::agent::run_blender(config, args.blender, mode, rx).await?;
     Ok(())
+}
+
+/// Fresh processes or warm sessions, from the command line.
+pub fn render_mode(fresh: bool, idle_s: f64) -> Result<tessera_worker::agent::RenderMode> {
+    use tessera_worker::agent::RenderMode;
+    if fresh {
+        return Ok(RenderMode::FreshProcess);
+    }
+    if !(idle_s.is_finite() && idle_s > 0.0) {
+        bail!("--session-idle {idle_s} is not a duration; give seconds, e.g. 60");
+    }
+    Ok(RenderMode::Sessions {
+        idle: std::time::Duration::from_secs_f64(idle_s),
+    })
 }
 
 /// A checked submission: the frame set and, when read, the scene's facts.

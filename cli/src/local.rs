@@ -47,15 +47,13 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         slots,
         device: "cpu".into(),
         blender_version: version,
-        threads: Some((cores / slots).max(1)),
+        threads: args.threads.or(Some((cores / slots).max(1))),
     };
-    let renderer = tessera_worker::blender::BlenderProcess {
-        blender: args.job.blender.clone(),
-        device: tessera_worker::blender::Device::Cpu,
-    };
-    let worker = tokio::spawn(tessera_worker::agent::run(
+    let mode = crate::commands::render_mode(args.fresh_process, 60.0)?;
+    let worker = tokio::spawn(tessera_worker::agent::run_blender(
         config,
-        renderer,
+        args.job.blender.clone(),
+        mode,
         stop_rx.clone(),
     ));
     let result = async {

@@ -123,6 +123,12 @@ struct WorkerArgs {
     /// Render threads per slot (default: cores divided among slots).
     #[arg(long)]
     threads: Option<u32>,
+    /// Start a fresh Blender for every task instead of keeping a warm session per job.
+    #[arg(long)]
+    fresh_process: bool,
+    /// Close a warm Blender session after this many seconds without work.
+    #[arg(long, default_value_t = 60.0)]
+    session_idle: f64,
 }
 
 /// What a job asks for; shared by `submit` and `render`.
@@ -178,13 +184,21 @@ struct RenderArgs {
     /// Keep the farm's data here instead of a temporary directory.
     #[arg(long)]
     data: Option<PathBuf>,
+    /// Render threads per slot (default: cores divided among slots).
+    #[arg(long)]
+    threads: Option<u32>,
+    /// Start a fresh Blender for every task instead of keeping a warm session per job.
+    #[arg(long)]
+    fresh_process: bool,
 }
 
 fn init_logging(format: &str, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     if format == "json" {
         builder.json().init();

@@ -59,6 +59,7 @@ pub fn job_json(j: &pb::JobView) -> Value {
         "created_ms": j.created_ms,
         "finished_ms": if j.finished_ms == 0 { Value::Null } else { json!(j.finished_ms) },
         "outputs": j.outputs.iter().map(|o| json!({"frame": o.frame, "digest": o.digest, "ext": o.ext, "size": o.size})).collect::<Vec<_>>(),
+        "samples": crate::client::samples(j).trim_start_matches(", ").to_string(),
         "tasks": j.tasks.iter().map(|t| json!({
             "index": t.index,
             "frames": t.frames,
@@ -66,6 +67,8 @@ pub fn job_json(j: &pb::JobView) -> Value {
             "attempts": t.attempts,
             "worker": t.worker_id,
             "frames_done": t.frames_done,
+            "samples_done": t.samples_done,
+            "samples_total": t.samples_total,
             "message": t.message,
         })).collect::<Vec<_>>(),
     })

@@ -109,6 +109,8 @@ impl From<&JobSnapshot> for pb::JobView {
                 message: t.message.clone(),
                 frames_done: t.frames_done,
                 tile: t.tile.map(|tile| tile.index),
+                samples_done: t.samples_done,
+                samples_total: t.samples_total,
             })
             .collect();
         let mut frame_tiles: Vec<pb::FrameTiles> = Vec::new();

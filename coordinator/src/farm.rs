@@ -98,6 +98,15 @@ pub struct AssignedTile {
     pub border: (f64, f64, f64, f64),
 }
 
+/// The answer to a lease call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseOutcome {
+    /// The task leased, if one was ready.
+    pub task: Option<Assignment>,
+    /// Jobs that have ended, whose warm sessions the worker should close.
+    pub ended: Vec<JobId>,
+}
+
 /// What a worker is told to do.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Assignment {
@@ -418,6 +427,9 @@ impl Farm {
         tracing::info!(job = %id, "job canceled");
         *job = new_job.clone();
         tasks.insert(id, new_tasks.clone());
+        drop(st);
+        // Wake lease calls so that workers holding this job warm hear of it now.
+        self.queued.notify_waiters();
         Ok(JobSnapshot {
             job: new_job,
             tasks: new_tasks,
@@ -488,11 +500,21 @@ impl Farm {
         worker: &WorkerId,
         cached: &HashSet<Digest>,
     ) -> Result<Option<Assignment>, Error> {
+        self.try_lease_warm(worker, cached, None)
+    }
+
+    /// Leases the best task for a slot that holds `warm`'s Blender session.
+    pub fn try_lease_warm(
+        &self,
+        worker: &WorkerId,
+        cached: &HashSet<Digest>,
+        warm: Option<JobId>,
+    ) -> Result<Option<Assignment>, Error> {
         let now = self.clock.now_ms();
         let mut st = self.lock();
         Self::touch(&mut st, worker, now)?;
         let online = st.workers.values().filter(|w| self.online(w, now)).count();
-        let Some((job_id, index)) = pick(&st, worker, cached, online) else {
+        let Some((job_id, index)) = pick(&st, worker, cached, warm, online) else {
             return Ok(None);
         };
         let State { jobs, tasks, .. } = &mut *st;
@@ -523,23 +545,36 @@ impl Farm {
         Ok(Some(assignment))
     }
 
-    /// Leases a task for `worker`, waiting up to `wait` for one to become ready.
+    /// Leases a task for a slot of `worker`, waiting up to `wait` for one to
+    /// become ready. Returns early, without a task, when the job the slot
+    /// holds warm has ended, so that the worker closes that session at once.
     pub async fn lease(
         &self,
         worker: &WorkerId,
         cached: &HashSet<Digest>,
+        warm: Option<JobId>,
         wait: Duration,
-    ) -> Result<Option<Assignment>, Error> {
+    ) -> Result<LeaseOutcome, Error> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let notified = self.queued.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(a) = self.try_lease(worker, cached)? {
-                return Ok(Some(a));
+            let ended: Vec<JobId> = warm
+                .filter(|j| {
+                    self.lock()
+                        .jobs
+                        .get(j)
+                        .is_none_or(|job| job.state.is_final())
+                })
+                .into_iter()
+                .collect();
+            let task = self.try_lease_warm(worker, cached, warm)?;
+            if task.is_some() || !ended.is_empty() {
+                return Ok(LeaseOutcome { task, ended });
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return Ok(None);
+                return Ok(LeaseOutcome { task: None, ended });
             }
         }
     }
@@ -597,7 +632,12 @@ impl Farm {
 
     /// Renews a lease and records progress. Returns whether the holder should
     /// keep going (false when the lease was lost or the job ended).
-    pub fn progress(&self, lease: LeaseId, frames_done: u32) -> Result<bool, Error> {
+    pub fn progress(
+        &self,
+        lease: LeaseId,
+        frames_done: u32,
+        samples: (u32, u32),
+    ) -> Result<bool, Error> {
         let now = self.clock.now_ms();
         let mut st = self.lock();
         let ttl = self.config.lease_ttl_ms;
@@ -611,7 +651,11 @@ impl Farm {
         if let Some(w) = task.holder().and_then(|h| workers.get_mut(h)) {
             w.last_seen_ms = now;
         }
-        Ok(task.renew(lease.grant, frames_done, now, ttl).is_ok())
+        let held = task.renew(lease.grant, frames_done, now, ttl).is_ok();
+        if held {
+            (task.samples_done, task.samples_total) = samples;
+        }
+        Ok(held)
     }
 
     /// Records a task's result. Every output blob must already be stored.
@@ -831,7 +875,15 @@ impl Farm {
 
     /// Records a failed attempt; the task is retried elsewhere or, out of
     /// attempts, fails its job.
-    pub fn fail(&self, lease: LeaseId, reason: &str, log_tail: &str) -> Result<FailOutcome, Error> {
+    /// A `permanent` failure (one that would recur on any worker) fails the
+    /// job without further attempts.
+    pub fn fail(
+        &self,
+        lease: LeaseId,
+        reason: &str,
+        log_tail: &str,
+        permanent: bool,
+    ) -> Result<FailOutcome, Error> {
         let reason: String = reason.chars().take(2000).collect();
         let tail: String = {
             let chars: Vec<char> = log_tail.chars().collect();
@@ -846,16 +898,22 @@ impl Farm {
         let mut st = self.lock();
         let (mut task, mut job) = Self::find(&st, lease)?;
         let holder = task.holder().cloned();
-        let outcome = task.fail(lease.grant, message.clone(), job.max_attempts)?;
+        let max = if permanent { 1 } else { job.max_attempts };
+        let outcome = task.fail(lease.grant, message.clone(), max)?;
         let mut changed = Vec::new();
         if outcome == FailOutcome::Failed && !job.state.is_final() {
-            job.fail(
+            let what = if permanent {
+                format!(
+                    "frames {:?} cannot be rendered anywhere: {}",
+                    task.frames, message
+                )
+            } else {
                 format!(
                     "frames {:?} failed {} times; last error: {}",
                     task.frames, task.failures, message
-                ),
-                now,
-            )?;
+                )
+            };
+            job.fail(what, now)?;
             changed = st.tasks[&lease.job]
                 .iter()
                 .filter(|t| t.index != task.index)
@@ -936,6 +994,7 @@ impl Farm {
 }
 
 /// Chooses the next task for `worker`: priority first; among equal priority
+/// the job whose Blender session the slot holds warm (sticky sessions), then
 /// the job with the fewest running tasks (fair share), then the one whose
 /// scene the worker has cached, then the oldest. A task that failed on this
 /// worker goes to another unless every online worker has failed it.
@@ -943,6 +1002,7 @@ fn pick(
     st: &State,
     worker: &WorkerId,
     cached: &HashSet<Digest>,
+    warm: Option<JobId>,
     online: usize,
 ) -> Option<(JobId, usize)> {
     let mut candidates: Vec<(&Job, usize)> = st
@@ -960,6 +1020,7 @@ fn pick(
     candidates.sort_by_key(|(j, running)| {
         (
             std::cmp::Reverse(j.priority),
+            Some(j.id) != warm,
             *running,
             !cached.contains(&j.scene),
             j.id,
@@ -1108,7 +1169,7 @@ mod tests {
         assert!(f.farm.try_lease(&b, &HashSet::new()).unwrap().is_none());
         f.clock.advance(600);
         assert!(
-            f.farm.progress(first.lease, 0).unwrap(),
+            f.farm.progress(first.lease, 0, (0, 0)).unwrap(),
             "renewal keeps the lease"
         );
         f.clock.advance(600);
@@ -1117,7 +1178,7 @@ mod tests {
         assert_eq!(f.farm.expire_leases().unwrap(), 1);
         let second = f.farm.try_lease(&b, &HashSet::new()).unwrap().unwrap();
         assert!(
-            !f.farm.progress(first.lease, 0).unwrap(),
+            !f.farm.progress(first.lease, 0, (0, 0)).unwrap(),
             "the old holder is told to stop"
         );
         let out = output(&f, 1);
@@ -1137,7 +1198,7 @@ mod tests {
         let b = worker(&f.farm, "b");
         let l = f.farm.try_lease(&a, &HashSet::new()).unwrap().unwrap();
         assert_eq!(
-            f.farm.fail(l.lease, "Error: boom", "log").unwrap(),
+            f.farm.fail(l.lease, "Error: boom", "log", false).unwrap(),
             FailOutcome::Retry
         );
         // Worker a gets the other task, not the one it failed.
@@ -1147,14 +1208,16 @@ mod tests {
         assert_eq!(retry.lease.task, l.lease.task);
         assert_eq!(retry.attempt, 2);
         assert_eq!(
-            f.farm.fail(retry.lease, "Error: boom", "the tail").unwrap(),
+            f.farm
+                .fail(retry.lease, "Error: boom", "the tail", false)
+                .unwrap(),
             FailOutcome::Failed
         );
         let snap = f.farm.job(job).unwrap();
         assert_eq!(snap.job.state, JobState::Failed);
         assert!(snap.job.message.contains("Error: boom") && snap.job.message.contains("the tail"));
         assert!(
-            !f.farm.progress(next.lease, 0).unwrap(),
+            !f.farm.progress(next.lease, 0, (0, 0)).unwrap(),
             "other tasks of a failed job stop"
         );
     }
@@ -1190,7 +1253,7 @@ mod tests {
         let w = worker(&f.farm, "a");
         let l = f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
         f.farm.cancel(job).unwrap();
-        assert!(!f.farm.progress(l.lease, 0).unwrap());
+        assert!(!f.farm.progress(l.lease, 0, (0, 0)).unwrap());
         assert!(matches!(f.farm.cancel(job), Err(Error::Conflict(_))));
         assert!(f.farm.try_lease(&w, &HashSet::new()).unwrap().is_none());
         assert!(matches!(f.farm.cancel(JobId(99)), Err(Error::NotFound(_))));
@@ -1223,12 +1286,76 @@ mod tests {
         let f2 = f.clone();
         let waiter = tokio::spawn(async move {
             f2.farm
-                .lease(&w, &HashSet::new(), Duration::from_secs(10))
+                .lease(&w, &HashSet::new(), None, Duration::from_secs(10))
                 .await
         });
         tokio::task::yield_now().await;
         f.farm.submit(sub(f.scene, "1", 1)).unwrap();
         let got = waiter.await.unwrap().unwrap();
-        assert!(got.is_some());
+        assert!(got.task.is_some());
+    }
+
+    #[test]
+    fn a_warm_slot_keeps_its_job_unless_a_higher_priority_one_waits() {
+        let f = fixture();
+        let a = f.farm.submit(sub(f.scene, "1-3", 1)).unwrap();
+        let b = f.farm.submit(sub(f.scene, "1-3", 1)).unwrap();
+        let w = worker(&f.farm, "a");
+        let none = HashSet::new();
+        let got: Vec<JobId> = (0..3)
+            .map(|_| {
+                f.farm
+                    .try_lease_warm(&w, &none, Some(b))
+                    .unwrap()
+                    .unwrap()
+                    .lease
+                    .job
+            })
+            .collect();
+        assert_eq!(got, vec![b, b, b], "sticky to the warm job");
+        let mut high = sub(f.scene, "1", 1);
+        high.priority = 9;
+        let high = f.farm.submit(high).unwrap();
+        assert_eq!(
+            f.farm
+                .try_lease_warm(&w, &none, Some(a))
+                .unwrap()
+                .unwrap()
+                .lease
+                .job,
+            high
+        );
+        assert_eq!(
+            f.farm
+                .try_lease_warm(&w, &none, Some(a))
+                .unwrap()
+                .unwrap()
+                .lease
+                .job,
+            a
+        );
+    }
+
+    #[tokio::test]
+    async fn cancelling_a_job_wakes_the_slots_that_hold_it_warm() {
+        let f = Arc::new(fixture());
+        let job = f.farm.submit(sub(f.scene, "1", 1)).unwrap();
+        let w = worker(&f.farm, "a");
+        f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
+        let (f2, w2) = (f.clone(), w.clone());
+        let waiter = tokio::spawn(async move {
+            f2.farm
+                .lease(&w2, &HashSet::new(), Some(job), Duration::from_secs(30))
+                .await
+        });
+        tokio::task::yield_now().await;
+        f.farm.cancel(job).unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("woken at once")
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.ended, vec![job]);
+        assert!(got.task.is_none());
     }
 }

@@ -13,6 +13,7 @@ use crate::blob_store::BlobStore;
 use crate::convert::{digest, job_id};
 use crate::error::Error;
 use crate::farm::Farm;
+use crate::job::JobId;
 use crate::task::{FrameOutput, LeaseId};
 use crate::worker::WorkerId;
 
@@ -226,9 +227,13 @@ impl pb::work_server::Work for WorkService {
             .filter_map(|d| d.parse().ok())
             .collect();
         let wait = Duration::from_millis(u64::from(req.wait_ms)).min(MAX_LEASE_WAIT);
-        let task = self.farm.lease(&worker, &cached, wait).await?;
+        let outcome = self
+            .farm
+            .lease(&worker, &cached, req.warm_job.map(JobId), wait)
+            .await?;
         Ok(Response::new(pb::LeaseResponse {
-            task: task.as_ref().map(Into::into),
+            task: outcome.task.as_ref().map(Into::into),
+            ended_jobs: outcome.ended.iter().map(|j| j.0).collect(),
         }))
     }
 
@@ -237,7 +242,10 @@ impl pb::work_server::Work for WorkService {
         req: Request<pb::ProgressRequest>,
     ) -> Result<Response<pb::ProgressResponse>, Status> {
         let req = req.into_inner();
-        let keep_going = self.farm.progress(lease(&req.lease_id)?, req.frames_done)?;
+        let samples = (req.samples_done, req.samples_total);
+        let keep_going = self
+            .farm
+            .progress(lease(&req.lease_id)?, req.frames_done, samples)?;
         Ok(Response::new(pb::ProgressResponse { keep_going }))
     }
 
@@ -262,8 +270,12 @@ impl pb::work_server::Work for WorkService {
 
     async fn fail(&self, req: Request<pb::FailRequest>) -> Result<Response<pb::Ack>, Status> {
         let req = req.into_inner();
-        self.farm
-            .fail(lease(&req.lease_id)?, &req.reason, &req.log_tail)?;
+        self.farm.fail(
+            lease(&req.lease_id)?,
+            &req.reason,
+            &req.log_tail,
+            req.permanent,
+        )?;
         Ok(Response::new(pb::Ack {}))
     }
 

@@ -186,20 +186,26 @@ fn check_cover(width: u32, height: u32, tiles: &[TilePiece<'_>]) -> Result<(), S
     if tiles.is_empty() {
         return Err(StitchError::NoTiles { width, height });
     }
-    let frame = Rect {
-        x: 0,
-        y: 0,
-        w: width,
-        h: height,
-    };
     let mut area = 0u64;
     for (i, t) in tiles.iter().enumerate() {
+        // In u64 so that rectangles near u32::MAX cannot wrap; once the rendered
+        // region is inside the frame, every edge fits a u32.
+        let end = |r: Rect| {
+            (
+                u64::from(r.x) + u64::from(r.w),
+                u64::from(r.y) + u64::from(r.h),
+            )
+        };
+        let (inner_end, rendered_end) = (end(t.inner), end(t.rendered));
         let fits = t.inner.w > 0
             && t.inner.h > 0
-            && t.rendered.contains(t.inner)
-            && frame.contains(t.rendered);
-        // `contains` adds x + w; a rect near u32::MAX must not wrap, so bound it first.
-        if !fits || t.rendered.x.checked_add(t.rendered.w).is_none() {
+            && rendered_end.0 <= u64::from(width)
+            && rendered_end.1 <= u64::from(height)
+            && t.inner.x >= t.rendered.x
+            && t.inner.y >= t.rendered.y
+            && inner_end.0 <= rendered_end.0
+            && inner_end.1 <= rendered_end.1;
+        if !fits {
             return Err(StitchError::BadRegion {
                 inner: t.inner,
                 rendered: t.rendered,
@@ -291,6 +297,7 @@ struct PngTile {
     gamma: Option<png::ScaledFloat>,
     chromaticities: Option<png::SourceChromaticities>,
     icc: Option<Vec<u8>>,
+    trns: Option<Vec<u8>>,
     pixel_dims: Option<png::PixelDimensions>,
 }
 
@@ -337,6 +344,8 @@ fn png_decode(piece: &TilePiece<'_>) -> Result<PngTile, StitchError> {
     }
     let (srgb, gamma, chromaticities) = (info.srgb, info.source_gamma, info.source_chromaticities);
     let icc = info.icc_profile.as_ref().map(|p| p.to_vec());
+    // A grey or RGB colour key: part of how the samples read, so it travels too.
+    let trns = info.trns.as_ref().map(|t| t.to_vec());
     let pixel_dims = info.pixel_dims;
     let size = reader
         .output_buffer_size()
@@ -361,6 +370,7 @@ fn png_decode(piece: &TilePiece<'_>) -> Result<PngTile, StitchError> {
         gamma,
         chromaticities,
         icc,
+        trns,
         pixel_dims,
     })
 }
@@ -401,6 +411,7 @@ fn png_stitch(width: u32, height: u32, tiles: &[TilePiece<'_>]) -> Result<Vec<u8
     info.source_gamma = meta.gamma;
     info.source_chromaticities = meta.chromaticities;
     info.icc_profile = meta.icc.map(Cow::Owned);
+    info.trns = meta.trns.map(Cow::Owned);
     info.pixel_dims = meta.pixel_dims;
     let enc = |e: png::EncodingError| StitchError::Encode(e.to_string());
     let mut out = Vec::new();
@@ -690,12 +701,8 @@ mod tests {
         }
     }
 
-    fn exr_layer(
-        w: u32,
-        h: u32,
-        half: bool,
-        rect: Rect,
-    ) -> x::Layer<x::AnyChannels<x::FlatSamples>> {
+    /// An RGBA layer covering `rect` of a frame whose samples depend on the frame position.
+    fn exr_layer(half: bool, rect: Rect) -> x::Layer<x::AnyChannels<x::FlatSamples>> {
         let channels = ["R", "G", "B", "A"]
             .iter()
             .enumerate()
@@ -716,7 +723,6 @@ mod tests {
                 x::AnyChannel::new(*name, samples)
             })
             .collect();
-        let _ = (w, h);
         x::Layer::new(
             (rect.w as usize, rect.h as usize),
             x::LayerAttributes::default(),
@@ -742,7 +748,7 @@ mod tests {
             let frame = Rect { x: 0, y: 0, w, h };
             let files: Vec<(Rect, Rect, Vec<u8>)> = pieces(w, h, Grid { cols: 4, rows: 3 }, 16)
                 .into_iter()
-                .map(|(inner, r)| (inner, r, encode_exr(exr_layer(w, h, half, r))))
+                .map(|(inner, r)| (inner, r, encode_exr(exr_layer(half, r))))
                 .collect();
             let tiles: Vec<TilePiece<'_>> = files
                 .iter()
@@ -766,7 +772,7 @@ mod tests {
                 .unwrap();
             let got = &image.layer_data[0];
             assert_eq!(got.size, x::Vec2(w as usize, h as usize));
-            let want = exr_layer(w, h, half, frame);
+            let want = exr_layer(half, frame);
             assert_eq!(
                 exr_format(&got.channel_data),
                 exr_format(&want.channel_data)
@@ -863,6 +869,11 @@ mod tests {
         stray.inner.x = 79;
         let err = stitch(160, 60, &[piece(rects[0], &files[0]), stray]).unwrap_err();
         assert!(matches!(err, StitchError::BadRegion { .. }), "{err}");
+        let mut huge = piece(rects[1], &files[1]);
+        huge.inner.w = u32::MAX;
+        huge.rendered.w = u32::MAX;
+        let err = stitch(160, 60, &[piece(rects[0], &files[0]), huge]).unwrap_err();
+        assert!(matches!(err, StitchError::BadRegion { .. }), "{err}");
         let err = stitch(160, 60, &[]).unwrap_err();
         assert!(matches!(err, StitchError::NoTiles { .. }), "{err}");
     }
@@ -890,7 +901,7 @@ mod tests {
             "tile at 80,0 is PNG (RGB, 16-bit) but the first tile is PNG (RGB, 8-bit); \
              render every tile of a frame with the same output format"
         );
-        let exr = encode_exr(exr_layer(160, 60, false, rects[1]));
+        let exr = encode_exr(exr_layer(false, rects[1]));
         let err = stitch(
             160,
             60,
@@ -917,8 +928,6 @@ mod tests {
         let err = stitch(80, 60, &[piece(rects[0], cut)]).unwrap_err();
         assert!(matches!(err, StitchError::Undecodable { .. }), "{err}");
         let wrong = encode_exr(exr_layer(
-            160,
-            60,
             true,
             Rect {
                 x: 0,

@@ -155,6 +155,12 @@ pub struct Task {
     /// For a tile task: which tile.
     #[serde(default)]
     pub tile: Option<TileTask>,
+    /// Samples of the current frame the holder reported done.
+    #[serde(default)]
+    pub samples_done: u32,
+    /// Samples of the current frame in all.
+    #[serde(default)]
+    pub samples_total: u32,
 }
 
 impl Task {
@@ -171,6 +177,8 @@ impl Task {
             message: String::new(),
             frames_done: 0,
             tile: None,
+            samples_done: 0,
+            samples_total: 0,
         }
     }
 
@@ -189,6 +197,7 @@ impl Task {
         }
         self.grants += 1;
         self.frames_done = 0;
+        (self.samples_done, self.samples_total) = (0, 0);
         self.state = TaskState::Leased {
             worker: worker.clone(),
             grant: self.grants,

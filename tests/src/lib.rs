@@ -337,3 +337,43 @@ pub fn exr_channels(path: &Path) -> (u32, u32, Vec<(String, Vec<f32>)>) {
         .collect();
     (size.width() as u32, size.height() as u32, channels)
 }
+
+/// Process ids named `pid=N` on log lines containing `what`.
+pub fn pids_in_log(log: &str, what: &str) -> Vec<u32> {
+    log.lines()
+        .filter(|l| l.contains(what))
+        .filter_map(|l| {
+            l.split("pid=")
+                .nth(1)?
+                .split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// Whether a process is still running (and not a zombie).
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+/// Polls `cond` until it holds or `timeout` passes; returns whether it held.
+pub fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    cond()
+}

@@ -16,7 +16,7 @@ use tokio::sync::{watch, RwLock};
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 
-use crate::blender::{RenderFailure, RenderRequest, Renderer};
+use crate::blender::{Progress, RenderFailure, RenderRequest, Renderer};
 use crate::cache::SceneCache;
 use crate::error::Error;
 use crate::transfer;
@@ -181,6 +181,7 @@ async fn slot_loop<R: Renderer>(
             slot,
             cached_scenes: shared.cache.digests(),
             wait_ms: 15_000,
+            warm_job: shared.renderer.warm_job(slot),
         };
         let answer = tokio::select! {
             a = client.lease(req) => a,
@@ -189,8 +190,12 @@ async fn slot_loop<R: Renderer>(
         match answer {
             Ok(r) => {
                 delay = Duration::from_millis(200);
-                if let Some(task) = r.into_inner().task {
-                    run_task(&shared, task, shutdown.clone()).await;
+                let r = r.into_inner();
+                if !r.ended_jobs.is_empty() {
+                    shared.renderer.end_jobs(&r.ended_jobs);
+                }
+                if let Some(task) = r.task {
+                    run_task(&shared, task, slot, shutdown.clone()).await;
                 }
             }
             Err(s) if s.code() == Code::NotFound => {
@@ -213,29 +218,35 @@ async fn slot_loop<R: Renderer>(
 async fn run_task<R: Renderer>(
     shared: &Shared<R>,
     task: pb::TaskAssignment,
+    slot: u32,
     shutdown: watch::Receiver<bool>,
 ) {
     let lease = task.lease_id.clone();
     tracing::info!(%lease, frames = ?task.frames, attempt = task.attempt, "task started");
     let client = pb::work_client::WorkClient::new(shared.channel.clone());
-    let done = Arc::new(AtomicU32::new(0));
+    let progress = Arc::new(Progress::default());
     let (stop_tx, stop_rx) = watch::channel(false);
     let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let heartbeat = {
         let mut client = client.clone();
-        let done = done.clone();
+        let progress = progress.clone();
         let lease = lease.clone();
         let stop_tx = stop_tx.clone();
         let lost = lost.clone();
-        let every =
-            Duration::from_millis(u64::from(shared.ttl_ms.load(Ordering::Relaxed) / 3).max(100));
+        // At most a second apart: renewals also carry sample progress and
+        // bring word of a cancelled job.
+        let every = Duration::from_millis(
+            u64::from(shared.ttl_ms.load(Ordering::Relaxed) / 3).clamp(100, 1000),
+        );
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             loop {
                 tick.tick().await;
                 let req = pb::ProgressRequest {
                     lease_id: lease.clone(),
-                    frames_done: done.load(Ordering::Relaxed),
+                    frames_done: progress.frames.load(Ordering::Relaxed),
+                    samples_done: progress.samples_done.load(Ordering::Relaxed),
+                    samples_total: progress.samples_total.load(Ordering::Relaxed),
                 };
                 match client.progress(req).await {
                     Ok(r) if !r.get_ref().keep_going => {
@@ -263,7 +274,7 @@ async fn run_task<R: Renderer>(
             let _ = stop_tx.send(true);
         })
     };
-    let outcome = execute(shared, &task, done.clone(), stop_rx).await;
+    let outcome = execute(shared, &task, slot, progress.clone(), stop_rx).await;
     heartbeat.abort();
     watcher.abort();
     match outcome {
@@ -299,12 +310,17 @@ async fn run_task<R: Renderer>(
                 Err(s) => tracing::warn!(%lease, "cannot release the task: {}", s.message()),
             }
         }
-        Err(RenderFailure::Failed { reason, log_tail }) => {
+        Err(RenderFailure::Failed {
+            reason,
+            log_tail,
+            permanent,
+        }) => {
             tracing::warn!(%lease, "task failed: {reason}");
             let req = pb::FailRequest {
                 lease_id: lease.clone(),
                 reason,
                 log_tail,
+                permanent,
             };
             if let Err(s) = retry("reporting a failure", RESULT_PATIENCE, || {
                 let (mut c, r) = (client.clone(), req.clone());
@@ -323,13 +339,11 @@ async fn run_task<R: Renderer>(
 async fn execute<R: Renderer>(
     shared: &Shared<R>,
     task: &pb::TaskAssignment,
-    done: Arc<AtomicU32>,
+    slot: u32,
+    progress: Arc<Progress>,
     stop: watch::Receiver<bool>,
 ) -> Result<Vec<pb::FrameOutput>, RenderFailure> {
-    let failed = |reason: String| RenderFailure::Failed {
-        reason,
-        log_tail: String::new(),
-    };
+    let failed = |reason: String| crate::blender::failure(reason, String::new());
     let mut blobs = pb::blobs_client::BlobsClient::new(shared.channel.clone());
     let scene = {
         let mut attempt = 0;
@@ -349,6 +363,8 @@ async fn execute<R: Renderer>(
         .work_dir(&task.lease_id)
         .map_err(|e| failed(e.to_string()))?;
     let req = RenderRequest {
+        job: task.job_id,
+        slot,
         scene,
         frames: task.frames.clone(),
         out_dir,
@@ -367,7 +383,7 @@ async fn execute<R: Renderer>(
             })
         }),
     };
-    let frames = shared.renderer.render(req, done, stop).await?;
+    let frames = shared.renderer.render(req, progress, stop).await?;
     let mut outputs = Vec::with_capacity(frames.len());
     for f in frames {
         let (digest, size) = transfer::hash_file(&f.path)
@@ -395,4 +411,41 @@ async fn execute<R: Renderer>(
         });
     }
     Ok(outputs)
+}
+
+/// How a worker runs Blender.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenderMode {
+    /// A fresh `blender -b` process per task.
+    FreshProcess,
+    /// Warm sessions, one per job and slot, closed after `idle` without work.
+    Sessions {
+        /// Idle time after which a session closes.
+        idle: Duration,
+    },
+}
+
+/// Runs a worker that renders with the Blender at `blender` in `mode`.
+pub async fn run_blender(
+    config: WorkerConfig,
+    blender: PathBuf,
+    mode: RenderMode,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), Error> {
+    let device = crate::blender::Device::Cpu;
+    match mode {
+        RenderMode::FreshProcess => {
+            run(
+                config,
+                crate::blender::BlenderProcess { blender, device },
+                shutdown,
+            )
+            .await
+        }
+        RenderMode::Sessions { idle } => {
+            let scripts = config.cache.join("scripts");
+            let renderer = crate::session::SessionRenderer::new(blender, device, &scripts, idle)?;
+            run(config, renderer, shutdown).await
+        }
+    }
 }

@@ -39,9 +39,24 @@ impl Device {
     }
 }
 
+/// What a render has done so far, read by the lease heartbeat.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Frames finished.
+    pub frames: AtomicU32,
+    /// Samples of the current frame rendered.
+    pub samples_done: AtomicU32,
+    /// Samples of the current frame in all.
+    pub samples_total: AtomicU32,
+}
+
 /// One render to do.
 #[derive(Debug, Clone)]
 pub struct RenderRequest {
+    /// The job it belongs to (a warm session serves one job).
+    pub job: u64,
+    /// The worker slot rendering it.
+    pub slot: u32,
     /// The scene file.
     pub scene: PathBuf,
     /// Frames, ascending.
@@ -104,6 +119,8 @@ pub enum RenderFailure {
         reason: String,
         /// The last lines Blender printed.
         log_tail: String,
+        /// Whether it would fail the same way on any worker.
+        permanent: bool,
     },
     /// The render was stopped on request.
     Stopped,
@@ -117,9 +134,26 @@ pub trait Renderer: Send + Sync + 'static {
     fn render(
         &self,
         req: RenderRequest,
-        done: Arc<AtomicU32>,
+        progress: Arc<Progress>,
         stop: watch::Receiver<bool>,
     ) -> impl std::future::Future<Output = Result<Vec<RenderedFrame>, RenderFailure>> + Send;
+
+    /// The job whose Blender session `slot` keeps warm, if any.
+    fn warm_job(&self, _slot: u32) -> Option<u64> {
+        None
+    }
+
+    /// Ends the warm sessions of jobs that are over.
+    fn end_jobs(&self, _jobs: &[u64]) {}
+}
+
+/// A failure of this render only.
+pub fn failure(reason: String, log_tail: String) -> RenderFailure {
+    RenderFailure::Failed {
+        reason,
+        log_tail,
+        permanent: false,
+    }
 }
 
 /// Runs a fresh `blender -b` process per render.
@@ -174,10 +208,10 @@ impl Renderer for BlenderProcess {
     async fn render(
         &self,
         req: RenderRequest,
-        done: Arc<AtomicU32>,
+        progress: Arc<Progress>,
         mut stop: watch::Receiver<bool>,
     ) -> Result<Vec<RenderedFrame>, RenderFailure> {
-        let failed = |reason: String, log_tail: String| RenderFailure::Failed { reason, log_tail };
+        let failed = failure;
         let frames: Vec<String> = req.frames.iter().map(u32::to_string).collect();
         let mut cmd = Command::new(&self.blender);
         cmd.arg("-b")
@@ -204,24 +238,7 @@ impl Renderer for BlenderProcess {
                 String::new(),
             )
         })?;
-        let stdout = child.stdout.take().expect("piped stdout");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let (line_tx, mut line_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-        for stream in [
-            Box::new(stdout) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
-            Box::new(stderr),
-        ] {
-            let tx = line_tx.clone();
-            tokio::spawn(async move {
-                let mut lines = BufReader::new(stream).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-        drop(line_tx);
+        let mut line_rx = read_lines(&mut child);
         let mut tail: VecDeque<String> = VecDeque::with_capacity(LOG_TAIL_LINES);
         let mut errors: Vec<String> = Vec::new();
         let mut saved = 0u32;
@@ -235,7 +252,7 @@ impl Renderer for BlenderProcess {
                     Some(line) => {
                         if line.starts_with("Saved: ") {
                             saved += 1;
-                            done.store(saved, Ordering::Relaxed);
+                            progress.frames.store(saved, Ordering::Relaxed);
                         }
                         if is_error_line(&line) && errors.len() < 5 {
                             errors.push(line.trim().to_string());
@@ -319,7 +336,7 @@ pub fn is_python_exception(line: &str) -> bool {
 
 /// One line naming what went wrong: the first error lines, without the
 /// uninformative traceback header.
-fn summarize(errors: &[String]) -> Option<String> {
+pub fn summarize(errors: &[String]) -> Option<String> {
     let useful: Vec<&str> = errors
         .iter()
         .map(String::as_str)
@@ -374,16 +391,65 @@ pub fn collect_outputs(dir: &Path, frames: &[u32]) -> Result<Vec<RenderedFrame>,
 }
 
 /// Makes Blender die with the worker, so a killed worker leaves no orphan render.
+pub fn die_with_parent(cmd: &mut Command) {
+    child_setup(cmd, None);
+}
+
+/// Prepares a Blender child: it dies with the worker and, when `reply_fd` is
+/// given, finds that descriptor (a pipe's write end) as its fd 3.
 #[allow(unsafe_code)]
-fn die_with_parent(cmd: &mut Command) {
-    #[cfg(target_os = "linux")]
-    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+pub fn child_setup(cmd: &mut Command, reply_fd: Option<i32>) {
+    // SAFETY: the closure runs between fork and exec and calls only
+    // async-signal-safe functions (prctl, dup2, fcntl) on plain integers.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if let Some(fd) = reply_fd {
+                if fd == 3 {
+                    // dup2 onto itself keeps close-on-exec set: clear it.
+                    let flags = libc::fcntl(3, libc::F_GETFD);
+                    if flags < 0 || libc::fcntl(3, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                } else if libc::dup2(fd, 3) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
             Ok(())
         });
     }
+}
+
+/// Reads a child's stdout and stderr line by line into one channel.
+pub fn read_lines(
+    child: &mut tokio::process::Child,
+) -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let streams: Vec<Box<dyn tokio::io::AsyncRead + Unpin + Send>> = [
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    for stream in streams {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stream).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    rx
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! # Layout
 //! - [`agent`]: registration and the per-slot lease loop.
 //! - [`blender`]: running Blender and judging whether a render really worked.
+//! - [`session`]: warm Blender sessions, one per job and slot.
 //! - [`cache`]: the scene cache, keyed by blake3 digest.
 //! - [`transfer`]: streaming blobs to and from a coordinator (also used by the CLI).
 //! - [`image_size`]: reading image sizes from PNG and OpenEXR headers.
@@ -14,6 +15,7 @@ pub mod blender;
 pub mod cache;
 pub mod error;
 pub mod image_size;
+pub mod session;
 pub mod transfer;
 
 pub use error::Error;

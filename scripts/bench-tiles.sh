@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One frame whose sampling dominates, one render thread per worker slot:
+#   whole  one slot renders the whole frame         (tessera render --workers 1 --tiles 1x1)
+#   tiles  two slots render 2x2 tiles, then stitch  (tessera render --workers 2 --tiles 2x2)
+# Prints both wall times and the speed-up. Both go through the same farm code,
+# so the difference is the tiling alone (including overscan and stitching).
+# Usage: scripts/bench-tiles.sh [WIDTH HEIGHT SAMPLES]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+ensure_blender
+ensure_rust
+
+w="${1:-1280}"; h="${2:-720}"; s="${3:-24}"
+work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
+cargo build -q --release -p tessera-cli
+tessera=./target/release/tessera
+blender -b --factory-startup --python-exit-code 2 --python blender/make_scene.py -- \
+  --out "$work/scene.blend" --kind still --width "$w" --height "$h" --samples "$s" --frames 1 >/dev/null 2>&1
+
+now() { date +%s.%N; }
+t0=$(now); "$tessera" render "$work/scene.blend" --frames 1 --workers 1 --threads 1 -o "$work/whole" >/dev/null 2>&1; t1=$(now)
+"$tessera" render "$work/scene.blend" --frames 1 --workers 2 --threads 1 --tiles 2x2 -o "$work/tiles" >/dev/null 2>&1; t2=$(now)
+
+python3 - "$w" "$h" "$s" "$t0" "$t1" "$t2" <<'PY'
+import sys
+w, h, s = sys.argv[1:4]
+t0, t1, t2 = map(float, sys.argv[4:7])
+whole, tiles = t1 - t0, t2 - t1
+print(f"one frame {w}x{h}, {s} samples, 1 thread per slot, 16 px overscan")
+print(f"{'1 slot, whole frame':<30}{whole:8.2f} s")
+print(f"{'2 slots, 2x2 tiles + stitch':<30}{tiles:8.2f} s")
+print(f"speed-up: {whole / tiles:.2f}x")
+PY

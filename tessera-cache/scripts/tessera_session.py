@@ -1,0 +1,433 @@
+"""Warm render session: load a scene once, then render frames/tiles on command.
+
+Started by the worker once per (job, slot):
+
+    blender -b SCENE.blend --python-exit-code 3 --python blender/session.py -- --reply-fd 3
+
+Commands arrive one JSON object per line on stdin; replies go one JSON object per
+line to the file descriptor given by --reply-fd (never to stdout, which stays
+Blender's log).  See blender/README.md for the protocol.
+
+Every render keeps `render.use_persistent_data = True`, so later renders reuse the
+synced scene, BVH and images.  Apart from the frame, the thread count (when given)
+and the border (for tiles) no render setting is touched: the output equals a plain
+`blender -b SCENE.blend -f N` render.
+
+Progress: in background mode `bpy.app.handlers.render_stats` is called with no
+string in 3.4 (its arguments are (None, None)), and Cycles only updates its status
+at sample 0, after the first sample and then in chunks sized to ~30 s of work.
+The only place the "Sample N/M" text exists is Blender's stdout, so (unless
+--no-progress) fd 1 is replaced by a pipe that a thread copies, byte for byte, to
+the original stdout while looking for "Sample N/M".
+"""
+
+import argparse
+import json
+import os
+import re
+import select
+import struct
+import sys
+import threading
+import time
+import traceback
+
+import bpy
+
+PROGRESS_MIN_INTERVAL = 0.25  # seconds between progress events (at most ~4/s)
+SAMPLE_RE = re.compile(rb"\| Sample (\d+)/(\d+)")
+
+
+def parse_args():
+    argv = sys.argv
+    argv = argv[argv.index("--") + 1:] if "--" in argv else []
+    p = argparse.ArgumentParser(prog="session.py")
+    p.add_argument("--reply-fd", type=int, required=True)
+    p.add_argument("--no-progress", action="store_true",
+                   help="do not tee stdout to parse 'Sample N/M' (no progress events)")
+    # Options meant for Blender's own add-ons (e.g. Cycles' --cycles-device)
+    # share the arguments after `--`: leave them alone.
+    args, _ = p.parse_known_args(argv)
+    return args
+
+
+# ---------------------------------------------------------------- replies
+
+class Replier:
+    def __init__(self, fd):
+        self.fd = fd
+        self.lock = threading.Lock()
+        self.broken = False
+
+    def send(self, obj):
+        data = (json.dumps(obj, separators=(",", ":")) + "\n").encode("utf-8")
+        with self.lock:
+            if self.broken:
+                return False
+            try:
+                view = memoryview(data)
+                while view:
+                    n = os.write(self.fd, view)
+                    view = view[n:]
+            except OSError:
+                self.broken = True  # the worker is gone; the loop ends on stdin EOF
+                return False
+        return True
+
+
+# ---------------------------------------------------------------- progress (stdout tee)
+
+class StdoutTee:
+    """Replace fd 1 with a pipe; a thread copies everything to the real stdout and
+    turns "Sample N/M" into progress events for the command being rendered."""
+
+    def __init__(self, replier):
+        self.replier = replier
+        self.lock = threading.Lock()
+        self.current_id = None  # set while a render command runs
+        self.last_emit = 0.0
+        self.seen = None        # last (done, total) parsed for this command
+        self.pending = None     # parsed but held back by the rate limit
+        self.tail = b""
+        sys.stdout.flush()
+        self.real_stdout = os.dup(1)
+        r, w = os.pipe()
+        try:
+            import fcntl
+            fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ: 1 MiB of slack while the GIL is held
+        except Exception:
+            pass
+        os.dup2(w, 1)
+        os.close(w)
+        self.read_fd = r
+        self.thread = threading.Thread(target=self._run, name="tessera-stdout-tee", daemon=True)
+        self.thread.start()
+
+    def start_command(self, cmd_id):
+        with self.lock:
+            self.current_id = cmd_id
+            self.last_emit = 0.0
+            self.seen = None
+            self.pending = None
+            self.tail = b""
+
+    def end_command(self):
+        with self.lock:
+            self.current_id = None
+            self.pending = None
+
+    def _run(self):
+        while True:
+            with self.lock:
+                wait = None
+                if self.pending is not None:
+                    wait = max(0.0, self.last_emit + PROGRESS_MIN_INTERVAL - time.monotonic())
+            try:
+                ready, _, _ = select.select([self.read_fd], [], [], wait)
+                if not ready:
+                    self._emit_pending()
+                    continue
+                chunk = os.read(self.read_fd, 65536)
+            except InterruptedError:
+                continue
+            except OSError:
+                break
+            if not chunk:
+                break
+            try:
+                view = memoryview(chunk)
+                while view:
+                    n = os.write(self.real_stdout, view)
+                    view = view[n:]
+            except OSError:
+                pass  # nobody reads stdout any more; keep draining so Blender never blocks
+            try:
+                self._scan(chunk)
+                self._emit_pending()
+            except Exception:
+                pass
+
+    def _scan(self, chunk):
+        with self.lock:
+            if self.current_id is None:
+                self.tail = b""
+                return
+            # Blender flushes each status line whole (one write), so a number is never cut;
+            # the tail only helps with "| Sample" split from the digits.
+            text = self.tail + chunk
+            self.tail = text[-32:]
+            matches = SAMPLE_RE.findall(text)
+            if not matches:
+                return
+            value = tuple(int(x) for x in matches[-1])
+            if value != self.seen and value[0] <= value[1]:
+                self.seen = value
+                self.pending = value
+
+    def _emit_pending(self):
+        with self.lock:
+            if self.pending is None or self.current_id is None:
+                return
+            now = time.monotonic()
+            done, total = self.pending
+            if now - self.last_emit < PROGRESS_MIN_INTERVAL and done != total:
+                return
+            msg = {"event": "progress", "id": self.current_id,
+                   "samples_done": done, "samples_total": total}
+            self.pending = None
+            self.last_emit = now
+        self.replier.send(msg)
+
+    def close(self):
+        """Give fd 1 back to the real stdout and let the thread drain the pipe."""
+        try:
+            sys.stdout.flush()
+        except Exception:
+            pass
+        os.dup2(self.real_stdout, 1)  # closes the pipe's last write end -> EOF for the thread
+        self.thread.join(timeout=5.0)
+
+
+# ---------------------------------------------------------------- missing files
+
+def _abs(path, library=None):
+    return os.path.normpath(bpy.path.abspath(path, library=library))
+
+
+def missing_files():
+    missing = []
+    seen = set()
+
+    def add(path):
+        if not path:
+            return
+        p = os.path.normpath(path)
+        if p not in seen and not os.path.exists(p):
+            seen.add(p)
+            missing.append(p)
+
+    for img in bpy.data.images:
+        if img.source not in {"FILE", "SEQUENCE", "TILED"}:
+            continue
+        if img.packed_file is not None or len(getattr(img, "packed_files", ())) > 0:
+            continue
+        path = _abs(img.filepath_raw or img.filepath, library=img.library)
+        if img.source == "TILED":
+            tokens = [t for t in ("<UDIM>", "<UVTILE>") if t in path]
+            if tokens:
+                for tile in img.tiles:
+                    n = tile.number
+                    u, v = (n - 1001) % 10 + 1, (n - 1001) // 10 + 1
+                    add(path.replace("<UDIM>", str(n)).replace("<UVTILE>", "u%d_v%d" % (u, v)))
+                continue
+        add(path)
+    for lib in bpy.data.libraries:
+        if lib.packed_file is None:
+            add(_abs(lib.filepath, library=lib.parent))
+    # Everything else Blender knows about (sounds, fonts, caches, volumes, movie clips...).
+    # packed=False leaves out packed data (the docstring has the meaning inverted in 3.4).
+    for path in bpy.utils.blend_paths(absolute=True, packed=False, local=False):
+        if "<UDIM>" in path or "<UVTILE>" in path:
+            continue  # tiled images were expanded above
+        add(path)
+    return missing
+
+
+# ---------------------------------------------------------------- image size
+
+def image_size(path):
+    with open(path, "rb") as f:
+        head = f.read(33)
+        if head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR":
+            w, h = struct.unpack(">II", head[16:24])
+            return w, h
+        if head[:4] == b"\x76\x2f\x31\x01":  # OpenEXR
+            f.seek(8)
+            data = f.read(1 << 16)
+            return _exr_size(data)
+    # Other formats: let Blender decode it.
+    img = bpy.data.images.load(path, check_existing=False)
+    try:
+        w, h = img.size[0], img.size[1]
+    finally:
+        bpy.data.images.remove(img)
+    return w, h
+
+
+def _exr_size(data):
+    pos = 0
+    while True:
+        end = data.index(b"\0", pos)
+        name = data[pos:end]
+        if not name:
+            break
+        tend = data.index(b"\0", end + 1)
+        size = struct.unpack("<i", data[tend + 1:tend + 5])[0]
+        value = data[tend + 5:tend + 5 + size]
+        if name == b"dataWindow":
+            xmin, ymin, xmax, ymax = struct.unpack("<iiii", value[:16])
+            return xmax - xmin + 1, ymax - ymin + 1
+        pos = tend + 5 + size
+    raise ValueError("EXR header has no dataWindow")
+
+
+# ---------------------------------------------------------------- commands
+
+class CommandError(Exception):
+    pass
+
+
+class Session:
+    def __init__(self, replier, tee):
+        self.replier = replier
+        self.tee = tee
+        self.scene = bpy.context.scene
+        r = self.scene.render
+        self.orig_threads = (r.threads_mode, r.threads)
+        r.use_persistent_data = True
+
+    def render(self, cmd):
+        cmd_id = cmd.get("id")
+        scene = self.scene
+        r = scene.render
+        frame = cmd.get("frame")
+        if not isinstance(frame, int) or isinstance(frame, bool):
+            raise CommandError("render: 'frame' must be an integer, got %r" % (frame,))
+        out_dir = cmd.get("output_dir")
+        if not isinstance(out_dir, str) or not os.path.isabs(out_dir):
+            raise CommandError("render: 'output_dir' must be an absolute path, got %r" % (out_dir,))
+        threads = cmd.get("threads")
+        tile = cmd.get("tile")
+
+        # Threads: explicit count, or back to the scene's own setting.
+        if threads is None:
+            r.threads_mode, r.threads = self.orig_threads[0], self.orig_threads[1]
+        else:
+            if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+                raise CommandError("render: 'threads' must be a positive integer or null, got %r"
+                                   % (threads,))
+            r.threads_mode = "FIXED"
+            r.threads = threads
+
+        # Border.
+        if tile is None:
+            r.use_border = False
+        else:
+            try:
+                border = [float(v) for v in tile["border"]]
+                size = [int(v) for v in tile["size"]]
+                want = [int(v) for v in tile["frame"]]
+                if len(border) != 4 or len(size) != 2 or len(want) != 2:
+                    raise ValueError
+            except (KeyError, TypeError, ValueError):
+                raise CommandError("render: 'tile' must be null or "
+                                   "{border:[min_x,max_x,min_y,max_y], size:[w,h], frame:[W,H]}")
+            have = [r.resolution_x * r.resolution_percentage // 100,
+                    r.resolution_y * r.resolution_percentage // 100]
+            if have != want:
+                raise CommandError("render: tile frame is %dx%d but the scene renders %dx%d"
+                                   % (want[0], want[1], have[0], have[1]))
+            r.use_border = True
+            r.use_crop_to_border = True
+            r.border_min_x, r.border_max_x, r.border_min_y, r.border_max_y = border
+
+        # Output path: frame_path expands '#' and adds the extension; write_still
+        # writes render.filepath literally.
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+        except OSError as e:
+            raise CommandError("render: cannot create output_dir %s: %s" % (out_dir, e.strerror or e))
+        r.filepath = os.path.join(out_dir, "frame_####")
+        path = scene.render.frame_path(frame=frame)
+        r.filepath = path
+        if os.path.lexists(path):
+            try:
+                os.remove(path)  # never report a stale file as this render's output
+            except OSError as e:
+                raise CommandError("render: cannot replace %s: %s" % (path, e.strerror or e))
+
+        t0 = time.monotonic()
+        scene.frame_set(frame)
+        if self.tee is not None:
+            self.tee.start_command(cmd_id)
+        try:
+            result = bpy.ops.render.render(write_still=True)
+        except RuntimeError as e:
+            msg = " ".join(str(e).split())
+            raise CommandError("render failed: %s" % msg)
+        finally:
+            if self.tee is not None:
+                self.tee.end_command()
+        seconds = time.monotonic() - t0
+        if "FINISHED" not in result:
+            raise CommandError("render failed: operator returned %s" % ",".join(sorted(result)))
+        try:
+            st = os.stat(path)
+        except OSError:
+            raise CommandError("render finished but %s was not written (see Blender's stdout)" % path)
+        if st.st_size == 0:
+            raise CommandError("render finished but %s is empty" % path)
+        try:
+            w, h = image_size(path)
+        except Exception as e:
+            raise CommandError("cannot read the size of %s: %s" % (path, e))
+        if tile is not None and [w, h] != size:
+            raise CommandError("tile is %dx%d but %dx%d was asked for" % (w, h, size[0], size[1]))
+        return {"event": "done", "id": cmd_id, "path": path, "width": w, "height": h,
+                "seconds": round(seconds, 4)}
+
+    def serve(self, stdin):
+        while True:
+            line = stdin.readline()
+            if not line:
+                return  # EOF
+            line = line.strip()
+            if not line:
+                continue
+            cmd_id = None
+            try:
+                cmd = json.loads(line)
+                if not isinstance(cmd, dict):
+                    raise CommandError("command must be a JSON object")
+                cmd_id = cmd.get("id")
+                kind = cmd.get("cmd")
+                if kind == "quit":
+                    return
+                if kind != "render":
+                    raise CommandError("unknown cmd %r" % (kind,))
+                reply = self.render(cmd)
+            except CommandError as e:
+                reply = {"event": "error", "id": cmd_id, "error": str(e)}
+            except json.JSONDecodeError as e:
+                reply = {"event": "error", "id": None, "error": "bad JSON command: %s" % e}
+            except Exception as e:
+                traceback.print_exc()
+                msg = " ".join(("%s: %s" % (type(e).__name__, e)).split())
+                reply = {"event": "error", "id": cmd_id, "error": msg}
+            finally:
+                try:
+                    sys.stdout.flush()
+                except Exception:
+                    pass
+            self.replier.send(reply)
+
+
+def main():
+    args = parse_args()
+    replier = Replier(args.reply_fd)
+    tee = None if args.no_progress else StdoutTee(replier)
+    try:
+        session = Session(replier, tee)
+        replier.send({"event": "ready", "pid": os.getpid(), "blender": bpy.app.version_string,
+                      "missing": missing_files()})
+        session.serve(sys.stdin)
+    finally:
+        if tee is not None:
+            tee.close()
+        try:
+            os.close(args.reply_fd)
+        except OSError:
+            pass
+
+
+main()
