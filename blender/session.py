@@ -43,6 +43,9 @@ def parse_args():
     argv = argv[argv.index("--") + 1:] if "--" in argv else []
     p = argparse.ArgumentParser(prog="session.py")
     p.add_argument("--reply-fd", type=int, required=True)
+    p.add_argument("--cycles-device", default="CPU",
+                   help="CPU, CUDA or OPTIX: the worker pins the process to one GPU with "
+                        "CUDA_VISIBLE_DEVICES; this enables exactly that device type")
     p.add_argument("--no-progress", action="store_true",
                    help="do not tee stdout to parse 'Sample N/M' (no progress events)")
     # Options meant for Blender's own add-ons (e.g. Cycles' --cycles-device)
@@ -412,8 +415,33 @@ class Session:
             self.replier.send(reply)
 
 
+def use_gpu(kind):
+    """Cycles device preferences for a GPU slot.
+
+    Blender's own `--cycles-device` picks the device type, but enables every
+    device of that type; the worker has already narrowed CUDA/OptiX to the
+    slot's GPU with CUDA_VISIBLE_DEVICES, and here only devices of `kind` are
+    enabled, the CPU is left out, and the scene renders on the GPU. Setting
+    `scene.cycles.device = 'GPU'` with no usable device would silently render
+    on the CPU, so that case is an error, worded as Blender words it.
+    """
+    prefs = bpy.context.preferences.addons["cycles"].preferences
+    prefs.compute_device_type = kind
+    prefs.refresh_devices()
+    found = [d for d in prefs.devices if d.type == kind]
+    if not found:
+        print("Error: Found no Cycles device of the specified type (%s)" % kind, flush=True)
+        sys.exit(1)
+    for d in prefs.devices:
+        d.use = d.type == kind
+    for scene in bpy.data.scenes:
+        scene.cycles.device = "GPU"
+
+
 def main():
     args = parse_args()
+    if args.cycles_device in ("CUDA", "OPTIX"):
+        use_gpu(args.cycles_device)
     replier = Replier(args.reply_fd)
     tee = None if args.no_progress else StdoutTee(replier)
     try:

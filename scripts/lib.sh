@@ -13,3 +13,12 @@ ensure_blender() {
 ensure_rust() {
   command -v cargo >/dev/null 2>&1 || { echo "error: cargo is missing; install Rust with rustup (https://rustup.rs)" >&2; exit 1; }
 }
+
+ensure_vulkan() {
+  # Debian's lavapipe: a real Vulkan device on the CPU, for the GPU probe's tests.
+  if ls /usr/share/vulkan/icd.d/lvp_icd* >/dev/null 2>&1 && ldconfig -p | grep -q libvulkan.so.1; then return; fi
+  echo "installing mesa-vulkan-drivers (lavapipe) for the GPU probe tests..." >&2
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+}

@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 
 source scripts/lib.sh
 ensure_blender
+ensure_vulkan
 ensure_rust
 
 echo "== cargo fmt --check"

@@ -132,6 +132,10 @@ pub fn coordinator_config(a: &CoordinatorArgs) -> Result<tessera_coordinator::Co
         max_attempts: a.max_attempts.max(1),
         max_upload: a.max_upload_mib.saturating_mul(1 << 20),
         max_tiles: a.max_tiles,
+        health: tessera_coordinator::hardware::HealthLimits {
+            max_temp_c: a.max_gpu_temp,
+            max_ecc_per_day: a.max_ecc_per_day,
+        },
     })
 }
 
@@ -146,9 +150,23 @@ async fn coordinator(args: CoordinatorArgs) -> Result<()> {
         )
     })?;
     let addr = listener.local_addr()?;
-    // Scripts and tests read this line to learn the port when --listen ends in :0.
+    let http = match &args.http {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .with_context(|| format!("cannot listen on {a} for HTTP; pick another --http"))?,
+        ),
+        None => None,
+    };
+    // Scripts and tests read these lines to learn the ports when they end in :0.
     println!("tessera coordinator listening on {addr}");
-    coord.serve(listener, shutdown_signal()).await?;
+    if let Some(h) = &http {
+        println!(
+            "tessera coordinator metrics on http://{}/metrics",
+            h.local_addr()?
+        );
+    }
+    coord.serve(listener, http, shutdown_signal()).await?;
     Ok(())
 }
 
@@ -160,7 +178,52 @@ pub async fn blender_version(blender: &std::path::Path) -> Result<String> {
 async fn worker(url: &str, args: WorkerArgs) -> Result<()> {
     let version = blender_version(&args.blender).await?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
-    let slots = args.slots.max(1);
+    let choice =
+        tessera_worker::slots::DeviceChoice::parse(&args.device).map_err(anyhow::Error::msg)?;
+    let probe = std::sync::Arc::new(tessera_worker::gpu::Hardware::probe());
+    for note in probe.notes() {
+        tracing::info!("hardware: {note}");
+    }
+    let mut gpus: Vec<tessera_worker::gpu::GpuInfo> = probe.gpus().to_vec();
+    let probed = gpus.len();
+    for (i, d) in args.fake_gpu.iter().enumerate() {
+        let declared: tessera_worker::slots::DeclaredGpu = d.parse().map_err(anyhow::Error::msg)?;
+        gpus.push(declared.info((probed + i) as u32));
+    }
+    for g in &gpus {
+        tracing::info!(index = g.index, vendor = %g.vendor, kind = %g.device_type, memory_mib = g.memory_bytes >> 20, uuid = %g.uuid, "GPU: {}", g.name);
+    }
+    let declared: Vec<bool> = (0..gpus.len()).map(|i| i >= probed).collect();
+    let plans = tessera_worker::slots::plan(&gpus, &declared, choice, args.slots)
+        .map_err(anyhow::Error::msg)?;
+    for p in &plans {
+        tracing::info!(slot = p.slot, device = p.device.name(), gpu = ?p.gpu, "slot");
+    }
+    for t in &args.tag {
+        if t.is_empty()
+            || t.len() > 64
+            || !t
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            bail!("tag `{t}` is not a tag; use up to 64 letters, digits, `-`, `_` or `.`");
+        }
+    }
+    if !(args.telemetry_interval.is_finite() && args.telemetry_interval >= 0.1) {
+        bail!(
+            "--telemetry-interval {} is too short; use 0.1 seconds or more",
+            args.telemetry_interval
+        );
+    }
+    let slots = plans.len() as u32;
+    let hardware = tessera_worker::agent::HardwareConfig {
+        gpus,
+        probed,
+        probe: Some(probe.clone()),
+        declared_telemetry: args.fake_telemetry.clone(),
+        interval: std::time::Duration::from_secs_f64(args.telemetry_interval),
+        notes: probe.notes().to_vec(),
+    };
     let name = args.name.unwrap_or_else(|| {
         std::fs::read_to_string("/etc/hostname")
             .map(|s| s.trim().to_string())
@@ -170,10 +233,11 @@ async fn worker(url: &str, args: WorkerArgs) -> Result<()> {
         coordinator: url.to_string(),
         name,
         cache: args.cache,
-        slots,
-        device: "cpu".into(),
+        slots: plans,
         blender_version: version.clone(),
         threads: args.threads.or(Some((cores / slots).max(1))),
+        hardware,
+        tags: args.tag.clone(),
     };
     tracing::info!(blender = %version, slots, "worker starting");
     let mode = render_mode(args.fresh_process, args.session_idle)?;
@@ -264,6 +328,9 @@ pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Re
             height: f.height,
             file_format: f.file_format,
         }),
+        device: job.device.clone(),
+        min_vram_gb: job.min_vram,
+        tags: job.tag.clone(),
     };
     let id = c
         .farm

@@ -35,7 +35,7 @@ pub async fn render(args: RenderArgs) -> Result<()> {
             let stopped = async move {
                 let _ = rx.wait_for(|s| *s).await;
             };
-            coord.serve(listener, stopped).await
+            coord.serve(listener, None, stopped).await
         })
     };
     let slots = args.workers.max(1);
@@ -44,10 +44,17 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         coordinator: url.clone(),
         name: "local".into(),
         cache: scratch.path().join("cache"),
-        slots,
-        device: "cpu".into(),
+        slots: tessera_worker::slots::plan(
+            &[],
+            &[],
+            tessera_worker::slots::DeviceChoice::Force(tessera_worker::blender::Device::Cpu),
+            slots,
+        )
+        .map_err(anyhow::Error::msg)?,
         blender_version: version,
         threads: args.threads.or(Some((cores / slots).max(1))),
+        hardware: Default::default(),
+        tags: Vec::new(),
     };
     let mode = crate::commands::render_mode(args.fresh_process, 60.0)?;
     let worker = tokio::spawn(tessera_worker::agent::run_blender(

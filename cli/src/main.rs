@@ -101,6 +101,15 @@ struct CoordinatorArgs {
     /// Most tiles in one frame.
     #[arg(long, default_value_t = 256)]
     max_tiles: u32,
+    /// HTTP listen address for /metrics (Prometheus); off when not given.
+    #[arg(long)]
+    http: Option<String>,
+    /// A GPU at or above this temperature (°C) drains its worker.
+    #[arg(long, default_value_t = 90)]
+    max_gpu_temp: u32,
+    /// More ECC errors than this within a day drain a GPU's worker.
+    #[arg(long, default_value_t = 10)]
+    max_ecc_per_day: u64,
 }
 
 #[derive(Args, Debug)]
@@ -114,9 +123,22 @@ struct WorkerArgs {
     /// Concurrent render slots.
     #[arg(long, default_value_t = 1)]
     slots: u32,
-    /// Render device: cpu or auto (GPU support comes with the hardware probe).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "cpu"])]
+    /// Render device: auto (one slot per NVIDIA GPU, OptiX where supported, else CPU slots), cpu, cuda or optix.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "cpu", "cuda", "optix"])]
     device: String,
+    /// A tag jobs can require (repeatable).
+    #[arg(long)]
+    tag: Vec<String>,
+    /// TEST ONLY: declare a GPU that is not there, as "NAME:GB" (repeatable). Its slot is matched as
+    /// that GPU but renders on the CPU unless --device cuda|optix is forced.
+    #[arg(long = "fake-gpu", value_name = "NAME:GB")]
+    fake_gpu: Vec<String>,
+    /// TEST ONLY: a JSON file of declared GPUs' telemetry, re-read at every report.
+    #[arg(long = "fake-telemetry", value_name = "FILE")]
+    fake_telemetry: Option<PathBuf>,
+    /// Seconds between GPU telemetry reports.
+    #[arg(long, default_value_t = 5.0)]
+    telemetry_interval: f64,
     /// Blender executable.
     #[arg(long, env = "TESSERA_BLENDER", default_value = "blender")]
     blender: PathBuf,
@@ -154,6 +176,15 @@ struct JobArgs {
     /// Overscan margin of tiles in pixels, so adaptive sampling and the pixel filter see their neighbours.
     #[arg(long, default_value_t = 16)]
     overscan: u32,
+    /// Required render device: any, cpu, cuda or optix.
+    #[arg(long, default_value = "any")]
+    device: String,
+    /// Least GPU memory a slot must have, in GB (GiB).
+    #[arg(long, default_value_t = 0.0)]
+    min_vram: f64,
+    /// A tag the rendering workers must carry (repeatable).
+    #[arg(long)]
+    tag: Vec<String>,
     /// Blender executable, used to read the scene's frame range and size.
     #[arg(long, env = "TESSERA_BLENDER", default_value = "blender")]
     blender: PathBuf,

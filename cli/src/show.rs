@@ -56,6 +56,10 @@ pub fn job_json(j: &pb::JobView) -> Value {
         "tasks_running": j.tasks_running,
         "tasks_failed": j.tasks_failed,
         "message": j.message,
+        "waiting": j.waiting,
+        "device": j.device,
+        "min_vram_gb": j.min_vram_gb,
+        "tags": j.tags,
         "created_ms": j.created_ms,
         "finished_ms": if j.finished_ms == 0 { Value::Null } else { json!(j.finished_ms) },
         "outputs": j.outputs.iter().map(|o| json!({"frame": o.frame, "digest": o.digest, "ext": o.ext, "size": o.size})).collect::<Vec<_>>(),
@@ -88,6 +92,26 @@ pub fn worker_json(w: &pb::WorkerView) -> Value {
         "tasks_done": w.tasks_done,
         "tasks_failed": w.tasks_failed,
         "last_seen_ms": w.last_seen_ms,
+        "memory_bytes": w.memory_bytes,
+        "tags": w.tags,
+        "drain_reason": w.drain_reason,
+        "notes": w.notes,
+        "slots_info": w.slot_info.iter().map(|s| json!({"slot": s.slot, "device": s.device, "gpu": s.gpu, "vram_bytes": s.vram_bytes})).collect::<Vec<_>>(),
+        "gpus": w.gpus.iter().map(|g| json!({
+            "index": g.index,
+            "name": g.name,
+            "vendor": g.vendor,
+            "type": g.device_type,
+            "memory_bytes": g.memory_bytes,
+            "uuid": g.uuid,
+            "telemetry": g.telemetry.map(|t| json!({
+                "utilization_pct": t.utilization_pct,
+                "memory_used_bytes": t.memory_used_bytes,
+                "temperature_c": t.temperature_c,
+                "power_w": t.power_w,
+                "ecc_errors": t.ecc_errors,
+            })),
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -170,6 +194,17 @@ pub fn job(j: &pb::JobView) {
         j.priority, j.max_attempts
     );
     println!("  submitted {}", age(j.created_ms));
+    if j.device != "any" || j.min_vram_gb > 0.0 || !j.tags.is_empty() {
+        println!(
+            "  needs     device {}, {} GB GPU memory, tags [{}]",
+            j.device,
+            j.min_vram_gb,
+            j.tags.join(", ")
+        );
+    }
+    if !j.waiting.is_empty() {
+        println!("  {}", j.waiting);
+    }
     if !j.message.is_empty() {
         println!("  message   {}", j.message.replace('\n', "\n            "));
     }
@@ -257,6 +292,7 @@ pub fn workers(workers: &[pb::WorkerView]) {
                 w.tasks_done.to_string(),
                 w.tasks_failed.to_string(),
                 w.device.clone(),
+                w.tags.join(","),
                 w.blender_version.clone(),
                 age(w.last_seen_ms),
             ]
@@ -271,9 +307,45 @@ pub fn workers(workers: &[pb::WorkerView]) {
             "DONE",
             "FAILED",
             "DEVICE",
+            "TAGS",
             "BLENDER",
             "LAST SEEN",
         ],
         rows,
     );
+    let gpus: Vec<Vec<String>> = workers
+        .iter()
+        .flat_map(|w| {
+            w.gpus.iter().map(move |g| {
+                let t = g.telemetry;
+                vec![
+                    w.id.clone(),
+                    g.index.to_string(),
+                    g.name.clone(),
+                    format!("{:.1} GiB", g.memory_bytes as f64 / (1u64 << 30) as f64),
+                    t.map_or("-".into(), |t| {
+                        format!(
+                            "{:.1} GiB",
+                            t.memory_used_bytes as f64 / (1u64 << 30) as f64
+                        )
+                    }),
+                    t.map_or("-".into(), |t| format!("{}%", t.utilization_pct)),
+                    t.map_or("-".into(), |t| format!("{} °C", t.temperature_c)),
+                    t.map_or("-".into(), |t| t.ecc_errors.to_string()),
+                ]
+            })
+        })
+        .collect();
+    if !gpus.is_empty() {
+        println!();
+        table(
+            &[
+                "WORKER", "GPU", "NAME", "MEMORY", "USED", "UTIL", "TEMP", "ECC",
+            ],
+            gpus,
+        );
+    }
+    for w in workers.iter().filter(|w| !w.drain_reason.is_empty()) {
+        println!("{} is draining: {}", w.id, w.drain_reason);
+    }
 }

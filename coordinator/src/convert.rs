@@ -5,6 +5,7 @@ use tessera_proto as pb;
 use crate::digest::Digest;
 use crate::error::Error;
 use crate::farm::{Assignment, JobSnapshot, Registration, SceneInfo, Submission, WorkerSnapshot};
+use crate::hardware::{Device, Gpu, SlotCap, Telemetry};
 use crate::job::{JobId, JobState};
 use crate::task::{FrameOutput, TaskState};
 use crate::worker::WorkerId;
@@ -33,6 +34,9 @@ impl TryFrom<pb::JobSpec> for Submission {
                 height: i.height,
                 file_format: i.file_format,
             }),
+            device: s.device,
+            min_vram_gb: s.min_vram_gb,
+            tags: s.tags,
         })
     }
 }
@@ -46,6 +50,11 @@ impl From<pb::WorkerInfo> for Registration {
             blender_version: w.blender_version,
             cpu_cores: w.cpu_cores,
             previous: (!w.previous_id.is_empty()).then_some(WorkerId(w.previous_id)),
+            gpus: w.gpus.into_iter().map(Gpu::from).collect(),
+            slot_caps: w.slot_info.iter().map(slot_cap).collect(),
+            tags: w.tags,
+            memory_bytes: w.memory_bytes,
+            notes: w.notes,
         }
     }
 }
@@ -148,6 +157,14 @@ impl From<&JobSnapshot> for pb::JobView {
             tiles: j.grid.to_string(),
             overscan: j.overscan,
             frame_tiles,
+            device: j
+                .requirements
+                .device
+                .map_or("any", Device::name)
+                .to_string(),
+            min_vram_gb: j.requirements.min_vram_bytes as f64 / crate::hardware::GIB,
+            tags: j.requirements.tags.clone(),
+            waiting: s.waiting.clone().unwrap_or_default(),
         }
     }
 }
@@ -161,12 +178,32 @@ impl From<&WorkerSnapshot> for pb::WorkerView {
             slots: r.slots,
             device: r.device.clone(),
             blender_version: r.blender_version.clone(),
-            state: if w.online { "online" } else { "offline" }.into(),
+            state: match (w.online, &w.drain) {
+                (false, _) => "offline",
+                (true, Some(_)) => "draining",
+                (true, None) => "online",
+            }
+            .into(),
             last_seen_ms: r.last_seen_ms,
             tasks_running: w.running,
             tasks_done: r.tasks_done,
             tasks_failed: r.tasks_failed,
             cpu_cores: r.cpu_cores,
+            gpus: r.gpus.iter().map(Into::into).collect(),
+            slot_info: r
+                .slot_caps
+                .iter()
+                .map(|c| pb::SlotInfo {
+                    slot: c.slot,
+                    device: c.device.name().into(),
+                    gpu: c.gpu,
+                    vram_bytes: c.vram_bytes,
+                })
+                .collect(),
+            tags: r.tags.clone(),
+            memory_bytes: r.memory_bytes,
+            drain_reason: w.drain.clone().unwrap_or_default(),
+            notes: r.notes.clone(),
         }
     }
 }
@@ -195,6 +232,61 @@ impl From<&Assignment> for pb::TaskAssignment {
                 border_max_x: t.border.1,
                 border_min_y: t.border.2,
                 border_max_y: t.border.3,
+            }),
+            device: a.device.name().into(),
+        }
+    }
+}
+
+/// A slot's capability from the protocol (unknown devices read as CPU).
+pub fn slot_cap(s: &pb::SlotInfo) -> SlotCap {
+    SlotCap {
+        slot: s.slot,
+        device: Device::parse(&s.device).unwrap_or(Device::Cpu),
+        gpu: s.gpu,
+        vram_bytes: s.vram_bytes,
+    }
+}
+
+impl From<pb::Gpu> for Gpu {
+    fn from(g: pb::Gpu) -> Self {
+        Self {
+            index: g.index,
+            name: g.name.chars().take(200).collect(),
+            vendor: g.vendor.chars().take(100).collect(),
+            device_type: g.device_type.chars().take(40).collect(),
+            memory_bytes: g.memory_bytes,
+            uuid: g.uuid.chars().take(100).collect(),
+            telemetry: g.telemetry.map(|t| Telemetry {
+                utilization_pct: t.utilization_pct.min(100),
+                memory_used_bytes: t.memory_used_bytes,
+                temperature_c: t.temperature_c,
+                power_w: if t.power_w.is_finite() {
+                    t.power_w
+                } else {
+                    0.0
+                },
+                ecc_errors: t.ecc_errors,
+            }),
+        }
+    }
+}
+
+impl From<&Gpu> for pb::Gpu {
+    fn from(g: &Gpu) -> Self {
+        Self {
+            index: g.index,
+            name: g.name.clone(),
+            vendor: g.vendor.clone(),
+            device_type: g.device_type.clone(),
+            memory_bytes: g.memory_bytes,
+            uuid: g.uuid.clone(),
+            telemetry: g.telemetry.map(|t| pb::Telemetry {
+                utilization_pct: t.utilization_pct,
+                memory_used_bytes: t.memory_used_bytes,
+                temperature_c: t.temperature_c,
+                power_w: t.power_w,
+                ecc_errors: t.ecc_errors,
             }),
         }
     }

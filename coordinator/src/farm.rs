@@ -17,6 +17,7 @@ use crate::clock::Clock;
 use crate::digest::Digest;
 use crate::error::Error;
 use crate::frames::FrameSet;
+use crate::hardware::{Device, Gpu, Health, HealthLimits, Requirements, SlotCap};
 use crate::job::{Job, JobId, JobState};
 use crate::store::{MetaStore, Record};
 use crate::task::{Completion, FailOutcome, FrameOutput, LeaseId, Task, TaskState, TileTask};
@@ -36,6 +37,8 @@ pub struct Config {
     pub max_upload: u64,
     /// Most tiles in one frame.
     pub max_tiles: u32,
+    /// When a worker's GPUs drain it.
+    pub health: HealthLimits,
 }
 
 impl Default for Config {
@@ -46,6 +49,7 @@ impl Default for Config {
             max_attempts: 3,
             max_upload: 8 << 30,
             max_tiles: 256,
+            health: HealthLimits::default(),
         }
     }
 }
@@ -71,6 +75,12 @@ pub struct Submission {
     pub overscan: Option<u32>,
     /// What the submitter read from the scene.
     pub scene_info: Option<SceneInfo>,
+    /// Required device: any, cpu, cuda or optix.
+    pub device: String,
+    /// Least GPU memory, GiB.
+    pub min_vram_gb: f64,
+    /// Tags a worker must carry.
+    pub tags: Vec<String>,
 }
 
 /// Facts about a scene read with Blender by the submitter.
@@ -124,6 +134,8 @@ pub struct Assignment {
     pub ttl_ms: u64,
     /// For a tile task: the region.
     pub tile: Option<AssignedTile>,
+    /// The Cycles device to render with.
+    pub device: Device,
 }
 
 /// What a worker says about itself when it registers.
@@ -141,6 +153,16 @@ pub struct Registration {
     pub cpu_cores: u32,
     /// The id it had before, if it is coming back.
     pub previous: Option<WorkerId>,
+    /// Its GPUs.
+    pub gpus: Vec<Gpu>,
+    /// What each slot renders with.
+    pub slot_caps: Vec<SlotCap>,
+    /// Its tags.
+    pub tags: Vec<String>,
+    /// System memory, bytes.
+    pub memory_bytes: u64,
+    /// What its hardware probe noted.
+    pub notes: Vec<String>,
 }
 
 /// A job with its tasks, as shown to users.
@@ -150,6 +172,8 @@ pub struct JobSnapshot {
     pub job: Job,
     /// Its tasks, by index.
     pub tasks: Vec<Task>,
+    /// Why it is not running, when no online worker can serve it.
+    pub waiting: Option<String>,
 }
 
 impl JobSnapshot {
@@ -181,6 +205,30 @@ pub struct WorkerSnapshot {
     pub online: bool,
     /// Tasks it holds now.
     pub running: u32,
+    /// Why it takes no new work, while draining.
+    pub drain: Option<String>,
+}
+
+/// Upper bounds of the task-duration histogram, in seconds.
+pub const DURATION_BUCKETS: [f64; 12] = [
+    0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+];
+
+/// Counters kept since the coordinator started (for metrics).
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    /// Completed tasks per duration bucket (cumulative counts are derived).
+    pub duration_buckets: [u64; DURATION_BUCKETS.len()],
+    /// Sum of task durations, seconds.
+    pub duration_sum: f64,
+    /// Completed tasks timed.
+    pub duration_count: u64,
+    /// Leases granted.
+    pub leases_granted: u64,
+    /// Leases that expired.
+    pub leases_expired: u64,
+    /// Failed attempts reported by workers.
+    pub attempts_failed: u64,
 }
 
 #[derive(Default)]
@@ -190,11 +238,13 @@ struct State {
     workers: BTreeMap<WorkerId, WorkerRecord>,
     next_job: u64,
     next_worker: u64,
+    health: std::collections::HashMap<WorkerId, Health>,
 }
 
 /// The coordinator's domain service.
 pub struct Farm {
     state: Mutex<State>,
+    stats: Mutex<Stats>,
     store: Arc<dyn MetaStore>,
     blobs: Arc<dyn BlobStore>,
     clock: Arc<dyn Clock>,
@@ -218,6 +268,7 @@ impl Farm {
             jobs: snap.jobs,
             tasks: snap.tasks,
             workers: snap.workers,
+            health: Default::default(),
         };
         for task in state.tasks.values_mut().flatten() {
             if let TaskState::Leased { expires_ms, .. } = &mut task.state {
@@ -233,12 +284,18 @@ impl Farm {
         );
         Ok(Self {
             state: Mutex::new(state),
+            stats: Mutex::new(Stats::default()),
             store,
             blobs,
             clock,
             config,
             queued: Notify::new(),
         })
+    }
+
+    /// Counters since start, for metrics.
+    pub fn stats(&self) -> Stats {
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The coordinator's limits.
@@ -324,6 +381,7 @@ impl Farm {
         } else {
             (0, 0, Vec::new())
         };
+        let requirements = Requirements::parse(&sub.device, sub.min_vram_gb, &sub.tags)?;
         let now = self.clock.now_ms();
         let mut st = self.lock();
         let id = JobId(st.next_job);
@@ -371,6 +429,7 @@ impl Farm {
             width,
             height,
             stitched: Vec::new(),
+            requirements,
         };
         let mut records: Vec<Record<'_>> = tasks.iter().map(Record::Task).collect();
         records.push(Record::Job(&job));
@@ -394,6 +453,28 @@ impl Farm {
         Ok(JobSnapshot {
             job: job.clone(),
             tasks: st.tasks.get(&id).cloned().unwrap_or_default(),
+            waiting: self.waiting(&st, job),
+        })
+    }
+
+    /// "waiting: no worker with optix and 24 GB" when no online, healthy
+    /// worker has a slot that can render an unfinished job.
+    fn waiting(&self, st: &State, job: &Job) -> Option<String> {
+        if job.state.is_final() {
+            return None;
+        }
+        let now = self.clock.now_ms();
+        let usable = st.workers.values().any(|w| {
+            let healthy = st.health.get(&w.id).is_none_or(|h| h.drain.is_none());
+            self.online(w, now)
+                && healthy
+                && (0..w.slots).any(|s| job.requirements.satisfied_by(&w.slot_cap(s), &w.tags))
+        });
+        (!usable).then(|| {
+            format!(
+                "waiting: no available worker with {}",
+                job.requirements.describe()
+            )
         })
     }
 
@@ -405,6 +486,7 @@ impl Farm {
             .map(|job| JobSnapshot {
                 job: job.clone(),
                 tasks: st.tasks.get(&job.id).cloned().unwrap_or_default(),
+                waiting: self.waiting(&st, job),
             })
             .collect()
     }
@@ -433,6 +515,7 @@ impl Farm {
         Ok(JobSnapshot {
             job: new_job,
             tasks: new_tasks,
+            waiting: None,
         })
     }
 
@@ -474,6 +557,11 @@ impl Farm {
             last_seen_ms: now,
             tasks_done: old.map_or(0, |o| o.tasks_done),
             tasks_failed: old.map_or(0, |o| o.tasks_failed),
+            gpus: reg.gpus,
+            slot_caps: reg.slot_caps,
+            tags: reg.tags,
+            memory_bytes: reg.memory_bytes,
+            notes: reg.notes,
         };
         self.store.write(&[Record::Worker(&record)])?;
         tracing::info!(worker = %id, name = %record.name, slots = record.slots, "worker registered");
@@ -500,7 +588,7 @@ impl Farm {
         worker: &WorkerId,
         cached: &HashSet<Digest>,
     ) -> Result<Option<Assignment>, Error> {
-        self.try_lease_warm(worker, cached, None)
+        self.try_lease_warm(worker, cached, None, 0)
     }
 
     /// Leases the best task for a slot that holds `warm`'s Blender session.
@@ -509,12 +597,19 @@ impl Farm {
         worker: &WorkerId,
         cached: &HashSet<Digest>,
         warm: Option<JobId>,
+        slot: u32,
     ) -> Result<Option<Assignment>, Error> {
         let now = self.clock.now_ms();
         let mut st = self.lock();
         Self::touch(&mut st, worker, now)?;
+        if st.health.get(worker).is_some_and(|h| h.drain.is_some()) {
+            return Ok(None);
+        }
         let online = st.workers.values().filter(|w| self.online(w, now)).count();
-        let Some((job_id, index)) = pick(&st, worker, cached, warm, online) else {
+        let record = &st.workers[worker];
+        let cap = record.slot_cap(slot);
+        let tags = record.tags.clone();
+        let Some((job_id, index)) = pick(&st, worker, cached, warm, &cap, &tags, online) else {
             return Ok(None);
         };
         let State { jobs, tasks, .. } = &mut *st;
@@ -527,6 +622,10 @@ impl Farm {
         self.store
             .write(&[Record::Task(&new_task), Record::Job(&new_job)])?;
         tracing::info!(lease = %lease, worker = %worker, frames = ?new_task.frames, "task leased");
+        self.stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .leases_granted += 1;
         let assignment = Assignment {
             lease,
             scene: job.scene,
@@ -539,6 +638,7 @@ impl Farm {
                 frame: (job.width, job.height),
                 border: tiles::blender_border(t.rendered, job.width, job.height),
             }),
+            device: job.requirements.device_for(&cap),
         };
         *task = new_task;
         *job = new_job;
@@ -553,6 +653,7 @@ impl Farm {
         worker: &WorkerId,
         cached: &HashSet<Digest>,
         warm: Option<JobId>,
+        slot: u32,
         wait: Duration,
     ) -> Result<LeaseOutcome, Error> {
         let deadline = tokio::time::Instant::now() + wait;
@@ -569,7 +670,7 @@ impl Farm {
                 })
                 .into_iter()
                 .collect();
-            let task = self.try_lease_warm(worker, cached, warm)?;
+            let task = self.try_lease_warm(worker, cached, warm, slot)?;
             if task.is_some() || !ended.is_empty() {
                 return Ok(LeaseOutcome { task, ended });
             }
@@ -682,7 +783,20 @@ impl Farm {
             let mut st = self.lock();
             let (mut task, mut job) = Self::find(&st, lease)?;
             let holder = task.holder().cloned();
+            let since = match task.state {
+                TaskState::Leased { since_ms, .. } if since_ms > 0 => Some(since_ms),
+                _ => None,
+            };
             let completion = task.complete(lease.grant, outputs)?;
+            if let (Completion::Recorded, Some(since)) = (completion, since) {
+                let secs = now.saturating_sub(since) as f64 / 1000.0;
+                let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(b) = DURATION_BUCKETS.iter().position(|&b| secs <= b) {
+                    stats.duration_buckets[b] += 1;
+                }
+                stats.duration_sum += secs;
+                stats.duration_count += 1;
+            }
             if completion == Completion::Duplicate {
                 tracing::info!(lease = %lease, "duplicate result ignored");
                 return Ok(completion);
@@ -900,6 +1014,10 @@ impl Farm {
         let holder = task.holder().cloned();
         let max = if permanent { 1 } else { job.max_attempts };
         let outcome = task.fail(lease.grant, message.clone(), max)?;
+        self.stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .attempts_failed += 1;
         let mut changed = Vec::new();
         if outcome == FailOutcome::Failed && !job.state.is_final() {
             let what = if permanent {
@@ -964,6 +1082,10 @@ impl Farm {
         let records: Vec<Record<'_>> = expired.iter().map(Record::Task).collect();
         self.store.write(&records)?;
         let n = expired.len();
+        self.stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .leases_expired += n as u64;
         for t in expired {
             let (job, i) = (t.job, t.index as usize);
             st.tasks.get_mut(&job).expect("job exists")[i] = t;
@@ -988,8 +1110,57 @@ impl Farm {
                     .flatten()
                     .filter(|t| t.holder() == Some(&w.id))
                     .count() as u32,
+                drain: st.health.get(&w.id).and_then(|h| h.drain.clone()),
             })
             .collect()
+    }
+
+    /// Takes a worker's GPU telemetry (and slots whose capability changed),
+    /// and drains or restores the worker by its GPUs' health.
+    pub fn telemetry(
+        &self,
+        worker: &WorkerId,
+        gpus: Vec<Gpu>,
+        slots: Vec<SlotCap>,
+    ) -> Result<(), Error> {
+        let now = self.clock.now_ms();
+        let limits = self.config.health;
+        let mut st = self.lock();
+        Self::touch(&mut st, worker, now)?;
+        let State {
+            workers, health, ..
+        } = &mut *st;
+        let record = workers.get_mut(worker).expect("touched worker exists");
+        for g in gpus {
+            if let Some(mine) = record.gpus.iter_mut().find(|m| m.index == g.index) {
+                mine.telemetry = g.telemetry;
+            }
+        }
+        let mut caps_changed = false;
+        for s in slots {
+            caps_changed = true;
+            match record.slot_caps.iter_mut().find(|c| c.slot == s.slot) {
+                Some(c) => *c = s,
+                None => record.slot_caps.push(s),
+            }
+        }
+        let h = health.entry(worker.clone()).or_default();
+        let before = h.drain.clone();
+        let after = h.assess(&record.gpus, limits, now);
+        match (&before, &after) {
+            (None, Some(why)) => tracing::warn!(worker = %worker, "draining: {why}"),
+            (Some(_), None) => tracing::info!(worker = %worker, "healthy again; back in service"),
+            _ => {}
+        }
+        if caps_changed {
+            let record = record.clone();
+            self.store.write(&[Record::Worker(&record)])?;
+        }
+        drop(st);
+        if before.is_some() && after.is_none() {
+            self.queued.notify_waiters();
+        }
+        Ok(())
     }
 }
 
@@ -1003,12 +1174,14 @@ fn pick(
     worker: &WorkerId,
     cached: &HashSet<Digest>,
     warm: Option<JobId>,
+    slot: &SlotCap,
+    tags: &[String],
     online: usize,
 ) -> Option<(JobId, usize)> {
     let mut candidates: Vec<(&Job, usize)> = st
         .jobs
         .values()
-        .filter(|j| !j.state.is_final())
+        .filter(|j| !j.state.is_final() && j.requirements.satisfied_by(slot, tags))
         .map(|j| {
             let running = st.tasks[&j.id]
                 .iter()
@@ -1076,6 +1249,7 @@ mod tests {
             max_attempts: 2,
             max_upload: 1 << 20,
             max_tiles: 16,
+            health: HealthLimits::default(),
         }
     }
 
@@ -1090,6 +1264,9 @@ mod tests {
             tiles: String::new(),
             overscan: None,
             scene_info: None,
+            device: String::new(),
+            min_vram_gb: 0.0,
+            tags: Vec::new(),
         }
     }
 
@@ -1286,7 +1463,7 @@ mod tests {
         let f2 = f.clone();
         let waiter = tokio::spawn(async move {
             f2.farm
-                .lease(&w, &HashSet::new(), None, Duration::from_secs(10))
+                .lease(&w, &HashSet::new(), None, 0, Duration::from_secs(10))
                 .await
         });
         tokio::task::yield_now().await;
@@ -1305,7 +1482,7 @@ mod tests {
         let got: Vec<JobId> = (0..3)
             .map(|_| {
                 f.farm
-                    .try_lease_warm(&w, &none, Some(b))
+                    .try_lease_warm(&w, &none, Some(b), 0)
                     .unwrap()
                     .unwrap()
                     .lease
@@ -1318,7 +1495,7 @@ mod tests {
         let high = f.farm.submit(high).unwrap();
         assert_eq!(
             f.farm
-                .try_lease_warm(&w, &none, Some(a))
+                .try_lease_warm(&w, &none, Some(a), 0)
                 .unwrap()
                 .unwrap()
                 .lease
@@ -1327,7 +1504,7 @@ mod tests {
         );
         assert_eq!(
             f.farm
-                .try_lease_warm(&w, &none, Some(a))
+                .try_lease_warm(&w, &none, Some(a), 0)
                 .unwrap()
                 .unwrap()
                 .lease
@@ -1345,7 +1522,7 @@ mod tests {
         let (f2, w2) = (f.clone(), w.clone());
         let waiter = tokio::spawn(async move {
             f2.farm
-                .lease(&w2, &HashSet::new(), Some(job), Duration::from_secs(30))
+                .lease(&w2, &HashSet::new(), Some(job), 0, Duration::from_secs(30))
                 .await
         });
         tokio::task::yield_now().await;
@@ -1357,5 +1534,67 @@ mod tests {
             .unwrap();
         assert_eq!(got.ended, vec![job]);
         assert!(got.task.is_none());
+    }
+
+    #[test]
+    fn a_hot_gpu_drains_the_worker_and_requirements_pick_slots() {
+        let f = fixture();
+        let gpu = |temp| Gpu {
+            index: 0,
+            name: "RTX 4090".into(),
+            memory_bytes: 24 << 30,
+            telemetry: Some(crate::hardware::Telemetry {
+                temperature_c: temp,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let (w, _) = f
+            .farm
+            .register(Registration {
+                name: "gpu".into(),
+                slots: 1,
+                gpus: vec![gpu(60)],
+                slot_caps: vec![SlotCap {
+                    slot: 0,
+                    device: Device::Optix,
+                    gpu: Some(0),
+                    vram_bytes: 24 << 30,
+                }],
+                ..Default::default()
+            })
+            .unwrap();
+        let mut s = sub(f.scene, "1-2", 1);
+        s.device = "optix".into();
+        s.min_vram_gb = 24.0;
+        let job = f.farm.submit(s).unwrap();
+        let mut too_big = sub(f.scene, "1", 1);
+        too_big.min_vram_gb = 48.0;
+        let waiting = f.farm.submit(too_big).unwrap();
+        assert_eq!(
+            f.farm.job(waiting).unwrap().waiting.as_deref(),
+            Some("waiting: no available worker with 48 GB")
+        );
+        assert_eq!(f.farm.job(job).unwrap().waiting, None);
+        f.farm.telemetry(&w, vec![gpu(95)], Vec::new()).unwrap();
+        assert!(
+            f.farm.try_lease(&w, &HashSet::new()).unwrap().is_none(),
+            "draining"
+        );
+        assert!(f.farm.workers()[0]
+            .drain
+            .as_deref()
+            .unwrap()
+            .contains("95 °C"));
+        f.farm.telemetry(&w, vec![gpu(70)], Vec::new()).unwrap();
+        let a = f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
+        assert_eq!((a.lease.job, a.device), (job, Device::Optix));
+        // A slot that turns out to have no usable GPU takes CPU work only.
+        let cpu = SlotCap {
+            slot: 0,
+            ..SlotCap::default()
+        };
+        f.farm.telemetry(&w, vec![gpu(70)], vec![cpu]).unwrap();
+        assert!(f.farm.try_lease(&w, &HashSet::new()).unwrap().is_none());
     }
 }

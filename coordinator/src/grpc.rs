@@ -229,7 +229,7 @@ impl pb::work_server::Work for WorkService {
         let wait = Duration::from_millis(u64::from(req.wait_ms)).min(MAX_LEASE_WAIT);
         let outcome = self
             .farm
-            .lease(&worker, &cached, req.warm_job.map(JobId), wait)
+            .lease(&worker, &cached, req.warm_job.map(JobId), req.slot, wait)
             .await?;
         Ok(Response::new(pb::LeaseResponse {
             task: outcome.task.as_ref().map(Into::into),
@@ -276,6 +276,17 @@ impl pb::work_server::Work for WorkService {
             &req.log_tail,
             req.permanent,
         )?;
+        Ok(Response::new(pb::Ack {}))
+    }
+
+    async fn telemetry(
+        &self,
+        req: Request<pb::TelemetryRequest>,
+    ) -> Result<Response<pb::Ack>, Status> {
+        let req = req.into_inner();
+        let gpus = req.gpus.into_iter().map(Into::into).collect();
+        let slots = req.slot_info.iter().map(crate::convert::slot_cap).collect();
+        self.farm.telemetry(&WorkerId(req.worker_id), gpus, slots)?;
         Ok(Response::new(pb::Ack {}))
     }
 

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::digest::Digest;
 use crate::error::Error;
+use crate::hardware::Requirements;
 use crate::task::FrameOutput;
 use crate::tiles::Grid;
 
@@ -100,6 +101,9 @@ pub struct Job {
     /// Frames assembled from their tiles, by frame number.
     #[serde(default)]
     pub stitched: Vec<FrameOutput>,
+    /// What a slot needs to render it.
+    #[serde(default)]
+    pub requirements: Requirements,
 }
 
 fn whole() -> Grid {
@@ -182,6 +186,7 @@ mod tests {
             width: 0,
             height: 0,
             stitched: Vec::new(),
+            requirements: Requirements::default(),
         }
     }
 

@@ -6,12 +6,14 @@
 //! - [`digest`]: blake3 content addresses.
 //! - [`blendfile`]: recognising Blender files by their header.
 //! - [`job`], [`task`], [`worker`]: the domain records and their lifecycles.
+//! - [`hardware`]: GPUs, slot capabilities, job requirements, GPU health.
 //! - [`farm`]: the domain service (submit, lease, complete, fail, expire).
 //! - [`store`]: durable metadata (sled) and its in-memory twin.
 //! - [`blob_store`]: content-addressed blobs on disk and in memory.
 //! - [`clock`]: time behind a trait.
 //! - [`convert`]: domain <-> protocol conversions.
 //! - [`grpc`]: thin tonic adapters over [`farm::Farm`].
+//! - [`metrics`], [`http`]: Prometheus metrics served over HTTP.
 //! - [`server`]: opening a data directory and serving.
 //! - [`tiles`]: tile grids, overscan and Blender render borders.
 //! - [`stitch`]: assembling a frame from rendered tiles, pixel for pixel.
@@ -25,7 +27,10 @@ pub mod error;
 pub mod farm;
 pub mod frames;
 pub mod grpc;
+pub mod hardware;
+pub mod http;
 pub mod job;
+pub mod metrics;
 pub mod server;
 pub mod stitch;
 pub mod store;

@@ -42,12 +42,26 @@ impl Coordinator {
         &self.farm
     }
 
-    /// Serves on `listener` until `shutdown` resolves.
+    /// Serves gRPC on `listener` (and HTTP on `http`, when given) until
+    /// `shutdown` resolves.
     pub async fn serve(
         self,
         listener: TcpListener,
+        http: Option<TcpListener>,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), Error> {
+        let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
+        let http_task = http.map(|l| {
+            let farm = self.farm.clone();
+            tokio::spawn(async move {
+                let stopped = async move {
+                    let _ = http_stopped.await;
+                };
+                if let Err(e) = crate::http::serve(farm, l, stopped).await {
+                    tracing::error!("HTTP server stopped: {e}");
+                }
+            })
+        });
         let farm = self.farm.clone();
         let reaper = tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -75,6 +89,10 @@ impl Coordinator {
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         reaper.abort();
+        let _ = http_stop.send(());
+        if let Some(t) = http_task {
+            let _ = t.await;
+        }
         result.map_err(|e| Error::Store(format!("server stopped: {e}")))
     }
 }

@@ -217,6 +217,7 @@ mod tests {
             width: 0,
             height: 0,
             stitched: Vec::new(),
+            requirements: Default::default(),
         }
     }
 

@@ -87,6 +87,9 @@ pub enum TaskState {
         grant: u32,
         /// Deadline, ms since the epoch.
         expires_ms: u64,
+        /// When it was granted, ms since the epoch.
+        #[serde(default)]
+        since_ms: u64,
     },
     /// Rendered.
     Done {
@@ -202,6 +205,7 @@ impl Task {
             worker: worker.clone(),
             grant: self.grants,
             expires_ms: now_ms + ttl_ms,
+            since_ms: now_ms,
         };
         Ok(self.lease_id(self.grants))
     }

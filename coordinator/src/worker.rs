@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::hardware::{Gpu, SlotCap};
+
 /// A worker's id, assigned at registration.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct WorkerId(pub String);
@@ -35,4 +37,33 @@ pub struct WorkerRecord {
     pub tasks_done: u64,
     /// Tasks it failed.
     pub tasks_failed: u64,
+    /// Its GPUs, with their latest telemetry.
+    #[serde(default)]
+    pub gpus: Vec<Gpu>,
+    /// What each slot renders with.
+    #[serde(default)]
+    pub slot_caps: Vec<SlotCap>,
+    /// Tags jobs can require.
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// System memory, bytes.
+    #[serde(default)]
+    pub memory_bytes: u64,
+    /// What its hardware probe noted.
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+impl WorkerRecord {
+    /// The capability of slot `slot` (a CPU slot when it never said).
+    pub fn slot_cap(&self, slot: u32) -> SlotCap {
+        self.slot_caps
+            .iter()
+            .find(|s| s.slot == slot)
+            .copied()
+            .unwrap_or(SlotCap {
+                slot,
+                ..SlotCap::default()
+            })
+    }
 }

@@ -190,6 +190,8 @@ pub struct Coordinator {
     pub url: String,
     /// `127.0.0.1:PORT`.
     pub addr: String,
+    /// `http://127.0.0.1:PORT/metrics` when started with `--http`.
+    pub metrics: Option<String>,
 }
 
 impl Coordinator {
@@ -206,8 +208,16 @@ impl Coordinator {
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
+        let mut reader = BufReader::new(stdout);
         let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).unwrap();
+        reader.read_line(&mut line).unwrap();
+        let metrics = extra.contains(&"--http").then(|| {
+            let mut m = String::new();
+            reader.read_line(&mut m).unwrap();
+            m.trim()
+                .trim_start_matches("tessera coordinator metrics on ")
+                .to_string()
+        });
         let addr = line
             .trim()
             .strip_prefix("tessera coordinator listening on ")
@@ -221,6 +231,7 @@ impl Coordinator {
         Self {
             url: format!("http://{addr}"),
             addr,
+            metrics,
             proc: Proc { child, log },
         }
     }
@@ -376,4 +387,60 @@ pub fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(100));
     }
     cond()
+}
+
+/// A plain HTTP GET on loopback; returns (status line, body).
+pub fn http_get(url: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").expect("an http:// URL");
+    let (host, path) = rest
+        .split_once('/')
+        .map_or((rest, "/".to_string()), |(h, p)| (h, format!("/{p}")));
+    let mut s = std::net::TcpStream::connect(host).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    )
+}
+
+/// Starts a worker with extra arguments (one slot of one thread by default).
+pub fn worker_with(url: &str, dir: &Path, name: &str, extra: &[&str]) -> Proc {
+    let cache = dir.join(format!("cache-{name}"));
+    let log = dir.join(format!("worker-{name}.log"));
+    let child = Command::new(tessera())
+        .args([
+            "worker",
+            "--coordinator",
+            url,
+            "--name",
+            name,
+            "--threads",
+            "1",
+            "--cache",
+        ])
+        .arg(&cache)
+        .args(extra)
+        .stdout(std::fs::File::create(dir.join(format!("worker-{name}.out"))).unwrap())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    Proc { child, log }
+}
+
+/// `tessera workers --json`, by worker name.
+pub fn workers_by_name(url: &str) -> std::collections::HashMap<String, serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_str(&cli_ok(url, &["workers", "--json"])).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|w| (w["name"].as_str().unwrap().to_string(), w.clone()))
+        .collect()
 }

@@ -16,13 +16,14 @@ use tokio::sync::{watch, RwLock};
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 
-use crate::blender::{Progress, RenderFailure, RenderRequest, Renderer};
+use crate::blender::{Device, Progress, RenderFailure, RenderRequest, Renderer, NO_DEVICE};
 use crate::cache::SceneCache;
 use crate::error::Error;
+use crate::gpu::{GpuInfo, Hardware, Telemetry};
+use crate::slots::SlotPlan;
 use crate::transfer;
 
 /// How a worker runs.
-#[derive(Debug, Clone)]
 pub struct WorkerConfig {
     /// The coordinator's URL.
     pub coordinator: String,
@@ -30,14 +31,43 @@ pub struct WorkerConfig {
     pub name: String,
     /// Scene cache and scratch space.
     pub cache: PathBuf,
-    /// Concurrent tasks.
-    pub slots: u32,
-    /// Device kind reported to the coordinator.
-    pub device: String,
+    /// The slots and what each renders with.
+    pub slots: Vec<SlotPlan>,
     /// Blender's version line, reported to the coordinator.
     pub blender_version: String,
     /// Render threads per slot (None: all cores).
     pub threads: Option<u32>,
+    /// The GPUs (probed, then declared) and where their telemetry comes from.
+    pub hardware: HardwareConfig,
+    /// Tags jobs can require.
+    pub tags: Vec<String>,
+}
+
+/// A worker's GPUs and their telemetry sources.
+#[derive(Default)]
+pub struct HardwareConfig {
+    /// Every GPU: probed ones first, then declared ones.
+    pub gpus: Vec<GpuInfo>,
+    /// How many of `gpus` were probed (the rest are declared).
+    pub probed: usize,
+    /// The probe, kept for live NVML telemetry.
+    pub probe: Option<Arc<Hardware>>,
+    /// A JSON file of declared GPUs' telemetry (tests of GPU health).
+    pub declared_telemetry: Option<PathBuf>,
+    /// How often telemetry is sent.
+    pub interval: Duration,
+    /// What the probe noted.
+    pub notes: Vec<String>,
+}
+
+impl std::fmt::Debug for WorkerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerConfig")
+            .field("coordinator", &self.coordinator)
+            .field("name", &self.name)
+            .field("slots", &self.slots)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Connects lazily: the channel reconnects by itself after the coordinator restarts.
@@ -88,6 +118,10 @@ const RESULT_PATIENCE: Duration = Duration::from_secs(600);
 
 struct Shared<R> {
     config: WorkerConfig,
+    /// Slots as they stand (a slot whose GPU Blender cannot use turns to CPU).
+    plans: std::sync::Mutex<Vec<SlotPlan>>,
+    /// Slots changed since the last telemetry.
+    changed: std::sync::Mutex<Vec<u32>>,
     renderer: R,
     cache: SceneCache,
     channel: Channel,
@@ -104,7 +138,10 @@ pub async fn run<R: Renderer>(
 ) -> Result<(), Error> {
     let channel = channel(&config.coordinator)?;
     let cache = SceneCache::open(&config.cache)?;
+    let plans = std::sync::Mutex::new(config.slots.clone());
     let shared = Arc::new(Shared {
+        plans,
+        changed: std::sync::Mutex::new(Vec::new()),
         cache,
         channel,
         renderer,
@@ -114,7 +151,27 @@ pub async fn run<R: Renderer>(
     });
     register(&shared, &shutdown).await?;
     let mut slots = Vec::new();
-    for slot in 0..shared.config.slots.max(1) {
+    {
+        let shared = shared.clone();
+        let mut shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(
+                shared
+                    .config
+                    .hardware
+                    .interval
+                    .max(Duration::from_millis(100)),
+            );
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => send_telemetry(&shared).await,
+                    _ = shutdown.changed() => return,
+                }
+            }
+        });
+    }
+    let slot_count = shared.plans.lock().unwrap().len() as u32;
+    for slot in 0..slot_count.max(1) {
         let shared = shared.clone();
         let shutdown = shutdown.clone();
         slots.push(tokio::spawn(async move {
@@ -134,13 +191,23 @@ async fn register<R: Renderer>(
 ) -> Result<(), Error> {
     let mut client = pb::work_client::WorkClient::new(shared.channel.clone());
     let previous = shared.worker_id.read().await.clone();
+    let plans = shared.plans.lock().unwrap().clone();
+    let devices: Vec<&str> = plans.iter().map(|p| p.device.name()).collect();
+    let mut devices_seen = devices.clone();
+    devices_seen.dedup();
     let info = pb::WorkerInfo {
         name: shared.config.name.clone(),
-        slots: shared.config.slots,
-        device: shared.config.device.clone(),
+        slots: plans.len() as u32,
+        device: devices_seen.join(","),
         blender_version: shared.config.blender_version.clone(),
         cpu_cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
         previous_id: previous,
+        gpus: gpu_messages(&shared.config.hardware, None),
+        slot_info: plans.iter().map(slot_info).collect(),
+        tags: shared.config.tags.clone(),
+        memory_bytes: memory_bytes(),
+        cached_scenes: shared.cache.digests(),
+        notes: shared.config.hardware.notes.clone(),
     };
     let mut delay = Duration::from_millis(200);
     loop {
@@ -316,6 +383,9 @@ async fn run_task<R: Renderer>(
             permanent,
         }) => {
             tracing::warn!(%lease, "task failed: {reason}");
+            if reason.contains(NO_DEVICE) || log_tail.contains(NO_DEVICE) {
+                stop_gpu_work(shared, slot);
+            }
             let req = pb::FailRequest {
                 lease_id: lease.clone(),
                 reason,
@@ -333,6 +403,20 @@ async fn run_task<R: Renderer>(
         }
     }
     let _ = std::fs::remove_dir_all(shared.config.cache.join("work").join(&lease));
+}
+
+/// Blender cannot use this slot's GPU: the slot takes CPU work only from now on.
+fn stop_gpu_work<R: Renderer>(shared: &Shared<R>, slot: u32) {
+    let mut plans = shared.plans.lock().unwrap();
+    if let Some(p) = plans
+        .iter_mut()
+        .find(|p| p.slot == slot && p.device != Device::Cpu)
+    {
+        tracing::error!(slot, gpu = ?p.gpu, "Blender found no {} device for this slot; it takes no GPU work from now on", p.device.name());
+        p.device = Device::Cpu;
+        p.vram_bytes = 0;
+        shared.changed.lock().unwrap().push(slot);
+    }
 }
 
 /// Fetches, renders and uploads; returns the outputs to report.
@@ -362,9 +446,25 @@ async fn execute<R: Renderer>(
         .cache
         .work_dir(&task.lease_id)
         .map_err(|e| failed(e.to_string()))?;
+    let plan = shared
+        .plans
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|p| p.slot == slot)
+        .cloned();
+    let asked = Device::from_name(&task.device);
+    // A declared GPU (tests) renders on the CPU unless the device was forced.
+    let device = match &plan {
+        Some(p) if p.declared => Device::Cpu,
+        _ => asked,
+    };
+    let gpu_uuid = plan.and_then(|p| p.uuid);
     let req = RenderRequest {
         job: task.job_id,
         slot,
+        device,
+        gpu_uuid,
         scene,
         frames: task.frames.clone(),
         out_dir,
@@ -432,20 +532,107 @@ pub async fn run_blender(
     mode: RenderMode,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), Error> {
-    let device = crate::blender::Device::Cpu;
     match mode {
         RenderMode::FreshProcess => {
-            run(
-                config,
-                crate::blender::BlenderProcess { blender, device },
-                shutdown,
-            )
-            .await
+            run(config, crate::blender::BlenderProcess { blender }, shutdown).await
         }
         RenderMode::Sessions { idle } => {
             let scripts = config.cache.join("scripts");
-            let renderer = crate::session::SessionRenderer::new(blender, device, &scripts, idle)?;
+            let renderer = crate::session::SessionRenderer::new(blender, &scripts, idle)?;
             run(config, renderer, shutdown).await
         }
     }
+}
+
+fn slot_info(p: &SlotPlan) -> pb::SlotInfo {
+    pb::SlotInfo {
+        slot: p.slot,
+        device: p.device.name().into(),
+        gpu: p.gpu,
+        vram_bytes: p.vram_bytes,
+    }
+}
+
+/// The GPUs as protocol messages, with `telemetry` (by GPU index) when given.
+fn gpu_messages(hw: &HardwareConfig, telemetry: Option<&[Option<Telemetry>]>) -> Vec<pb::Gpu> {
+    hw.gpus
+        .iter()
+        .enumerate()
+        .map(|(i, g)| pb::Gpu {
+            index: g.index,
+            name: g.name.clone(),
+            vendor: g.vendor.clone(),
+            device_type: g.device_type.clone(),
+            memory_bytes: g.memory_bytes,
+            uuid: g.uuid.clone(),
+            telemetry: telemetry
+                .and_then(|t| t.get(i).copied().flatten())
+                .or(g.telemetry)
+                .map(|t| pb::Telemetry {
+                    utilization_pct: t.utilization_pct,
+                    memory_used_bytes: t.memory_used_bytes,
+                    temperature_c: t.temperature_c,
+                    power_w: t.power_w,
+                    ecc_errors: t.ecc_errors,
+                }),
+        })
+        .collect()
+}
+
+/// Fresh telemetry of every GPU: NVML for probed ones, the declared file for the others.
+fn read_telemetry(hw: &HardwareConfig) -> Vec<Option<Telemetry>> {
+    let mut all: Vec<Option<Telemetry>> = match &hw.probe {
+        Some(p) => p.telemetry(),
+        None => Vec::new(),
+    };
+    all.resize(hw.probed, None);
+    let declared = hw.gpus.len() - hw.probed;
+    let mut from_file = hw
+        .declared_telemetry
+        .as_deref()
+        .map(crate::slots::read_declared_telemetry)
+        .unwrap_or_default();
+    from_file.resize(declared, None);
+    all.extend(from_file);
+    all
+}
+
+async fn send_telemetry<R: Renderer>(shared: &Shared<R>) {
+    let changed: Vec<u32> = std::mem::take(&mut *shared.changed.lock().unwrap());
+    let plans = shared.plans.lock().unwrap().clone();
+    let hw = &shared.config.hardware;
+    let telemetry = if hw.gpus.is_empty() {
+        Vec::new()
+    } else {
+        read_telemetry(hw)
+    };
+    if hw.gpus.is_empty() && changed.is_empty() {
+        return;
+    }
+    let req = pb::TelemetryRequest {
+        worker_id: shared.worker_id.read().await.clone(),
+        gpus: gpu_messages(hw, Some(&telemetry)),
+        slot_info: plans
+            .iter()
+            .filter(|p| changed.contains(&p.slot))
+            .map(slot_info)
+            .collect(),
+    };
+    let mut client = pb::work_client::WorkClient::new(shared.channel.clone());
+    if let Err(s) = client.telemetry(req).await {
+        tracing::debug!("cannot send telemetry: {}", s.message());
+        shared.changed.lock().unwrap().extend(changed);
+    }
+}
+
+/// Total system memory, from /proc/meminfo.
+fn memory_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kb * 1024)
+        })
+        .unwrap_or(0)
 }

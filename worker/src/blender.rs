@@ -28,6 +28,10 @@ const PYTHON_EXIT_CODE: &str = "3";
 pub enum Device {
     /// CPU Cycles.
     Cpu,
+    /// CUDA on an NVIDIA GPU.
+    Cuda,
+    /// OptiX on an NVIDIA GPU.
+    Optix,
 }
 
 impl Device {
@@ -35,9 +39,32 @@ impl Device {
     pub fn cycles_name(self) -> &'static str {
         match self {
             Self::Cpu => "CPU",
+            Self::Cuda => "CUDA",
+            Self::Optix => "OPTIX",
+        }
+    }
+
+    /// Lowercase name, as in the protocol.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::Cuda => "cuda",
+            Self::Optix => "optix",
+        }
+    }
+
+    /// Parses the protocol's name; anything else is the CPU.
+    pub fn from_name(s: &str) -> Self {
+        match s {
+            "cuda" => Self::Cuda,
+            "optix" => Self::Optix,
+            _ => Self::Cpu,
         }
     }
 }
+
+/// The line Blender prints when the Cycles device asked for is not there.
+pub const NO_DEVICE: &str = "Found no Cycles device of the specified type";
 
 /// What a render has done so far, read by the lease heartbeat.
 #[derive(Debug, Default)]
@@ -67,6 +94,19 @@ pub struct RenderRequest {
     pub threads: Option<u32>,
     /// For a tile: the region to render.
     pub tile: Option<TileRender>,
+    /// The Cycles device to render with.
+    pub device: Device,
+    /// The GPU (UUID) Blender is pinned to, when rendering on one.
+    pub gpu_uuid: Option<String>,
+}
+
+/// Pins a Blender child to one GPU: CUDA and OptiX see only that device.
+pub fn pin_gpu(cmd: &mut Command, req: &RenderRequest) {
+    if req.device != Device::Cpu {
+        if let Some(uuid) = &req.gpu_uuid {
+            cmd.env("CUDA_VISIBLE_DEVICES", uuid);
+        }
+    }
 }
 
 /// A tile region to render, as the coordinator computed it.
@@ -161,8 +201,6 @@ pub fn failure(reason: String, log_tail: String) -> RenderFailure {
 pub struct BlenderProcess {
     /// The Blender executable.
     pub blender: PathBuf,
-    /// The Cycles device.
-    pub device: Device,
 }
 
 /// Asks Blender for its version line (`Blender 3.4.1`).
@@ -226,12 +264,13 @@ impl Renderer for BlenderProcess {
         }
         cmd.arg("-f")
             .arg(frames.join(","))
-            .args(["--", "--cycles-device", self.device.cycles_name()])
+            .args(["--", "--cycles-device", req.device.cycles_name()])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
         die_with_parent(&mut cmd);
+        pin_gpu(&mut cmd, &req);
         let mut child = cmd.spawn().map_err(|e| {
             failed(
                 format!("cannot start Blender `{}`: {e}", self.blender.display()),

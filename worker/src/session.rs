@@ -29,8 +29,8 @@ use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::{mpsc, watch};
 
 use crate::blender::{
-    child_setup, failure, is_error_line, is_python_exception, read_lines, summarize, Device,
-    Progress, RenderFailure, RenderRequest, RenderedFrame, Renderer,
+    child_setup, failure, is_error_line, is_python_exception, read_lines, summarize, Progress,
+    RenderFailure, RenderRequest, RenderedFrame, Renderer,
 };
 use crate::error::Error;
 
@@ -46,6 +46,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(600);
 /// One running Blender serving one job on one slot.
 struct Session {
     job: u64,
+    device: crate::blender::Device,
     scene: PathBuf,
     pid: u32,
     child: Child,
@@ -285,7 +286,6 @@ impl Session {
 /// Renders in warm Blender sessions, one per slot.
 pub struct SessionRenderer {
     blender: PathBuf,
-    device: Device,
     script: PathBuf,
     slots: Arc<Mutex<HashMap<u32, Session>>>,
 }
@@ -293,12 +293,7 @@ pub struct SessionRenderer {
 impl SessionRenderer {
     /// A renderer whose sessions close after `idle` without work. The session
     /// script is written to `dir`. Must be called inside a Tokio runtime.
-    pub fn new(
-        blender: PathBuf,
-        device: Device,
-        dir: &Path,
-        idle: Duration,
-    ) -> Result<Self, Error> {
+    pub fn new(blender: PathBuf, dir: &Path, idle: Duration) -> Result<Self, Error> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;
         let script = dir.join("tessera_session.py");
@@ -327,7 +322,6 @@ impl SessionRenderer {
         });
         Ok(Self {
             blender,
-            device,
             script,
             slots,
         })
@@ -355,7 +349,7 @@ impl SessionRenderer {
                 "--reply-fd",
                 "3",
                 "--cycles-device",
-                self.device.cycles_name(),
+                req.device.cycles_name(),
             ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -365,6 +359,7 @@ impl SessionRenderer {
             use std::os::fd::AsRawFd;
             child_setup(&mut cmd, Some(writer.as_raw_fd()));
         }
+        crate::blender::pin_gpu(&mut cmd, req);
         let started = Instant::now();
         let mut child = cmd.spawn().map_err(|e| {
             failure(
@@ -394,6 +389,7 @@ impl SessionRenderer {
         });
         let mut session = Session {
             job: req.job,
+            device: req.device,
             scene: req.scene.clone(),
             pid,
             child,
@@ -496,7 +492,7 @@ impl Renderer for SessionRenderer {
         let reusable = match held {
             Some(mut s) => {
                 let alive = s.child.try_wait().ok().flatten().is_none();
-                if alive && s.job == req.job && s.scene == req.scene {
+                if alive && s.job == req.job && s.scene == req.scene && s.device == req.device {
                     Some(s)
                 } else {
                     s.close(if alive {

@@ -1,0 +1,43 @@
+//! The coordinator's HTTP side: `GET /metrics` (Prometheus). A thin adapter
+//! over [`crate::metrics`].
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use tokio::net::TcpListener;
+
+use crate::farm::Farm;
+
+/// Serves HTTP on `listener` until `shutdown` resolves.
+pub async fn serve(
+    farm: Arc<Farm>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = Router::new().route(
+        "/metrics",
+        get(move || {
+            let farm = farm.clone();
+            async move {
+                let body = tokio::task::spawn_blocking(move || crate::metrics::render(&farm))
+                    .await
+                    .unwrap_or_default();
+                (
+                    [(
+                        header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    body,
+                )
+                    .into_response()
+            }
+        }),
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}

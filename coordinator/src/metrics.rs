@@ -1,0 +1,215 @@
+//! Prometheus text exposition of the farm: queue depth by state, leases, task
+//! durations, frames rendered, workers by state, and per-GPU utilisation,
+//! memory, temperature, power and ECC errors.
+
+use std::fmt::Write;
+
+use crate::farm::{Farm, DURATION_BUCKETS};
+use crate::job::JobState;
+use crate::task::TaskState;
+
+/// Escapes a label value.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+struct Out(String);
+
+impl Out {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.0, "# HELP {name} {help}");
+        let _ = writeln!(self.0, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+        self.0.push_str(name);
+        if !labels.is_empty() {
+            let parts: Vec<String> = labels
+                .iter()
+                .map(|(k, v)| format!("{k}=\"{}\"", label(v)))
+                .collect();
+            let _ = write!(self.0, "{{{}}}", parts.join(","));
+        }
+        let _ = writeln!(self.0, " {value}");
+    }
+}
+
+/// The farm's metrics in Prometheus text format (version 0.0.4).
+pub fn render(farm: &Farm) -> String {
+    let jobs = farm.jobs();
+    let workers = farm.workers();
+    let stats = farm.stats();
+    let mut o = Out(String::new());
+
+    o.family(
+        "tessera_tasks",
+        "gauge",
+        "Tasks by state (queue depth is state=\"queued\").",
+    );
+    for state in ["queued", "leased", "done", "failed", "canceled"] {
+        let n = jobs
+            .iter()
+            .flat_map(|j| &j.tasks)
+            .filter(|t| t.state_name() == state)
+            .count();
+        o.sample("tessera_tasks", &[("state", state)], n as f64);
+    }
+    o.family("tessera_jobs", "gauge", "Jobs by state.");
+    for state in [
+        JobState::Queued,
+        JobState::Running,
+        JobState::Done,
+        JobState::Failed,
+        JobState::Canceled,
+    ] {
+        let n = jobs.iter().filter(|j| j.job.state == state).count();
+        o.sample("tessera_jobs", &[("state", state.name())], n as f64);
+    }
+    o.family(
+        "tessera_leases_active",
+        "gauge",
+        "Tasks leased to workers now.",
+    );
+    let leased = jobs
+        .iter()
+        .flat_map(|j| &j.tasks)
+        .filter(|t| matches!(t.state, TaskState::Leased { .. }))
+        .count();
+    o.sample("tessera_leases_active", &[], leased as f64);
+    o.family(
+        "tessera_leases_granted_total",
+        "counter",
+        "Leases granted since the coordinator started.",
+    );
+    o.sample(
+        "tessera_leases_granted_total",
+        &[],
+        stats.leases_granted as f64,
+    );
+    o.family(
+        "tessera_leases_expired_total",
+        "counter",
+        "Leases that expired (worker lost) since start.",
+    );
+    o.sample(
+        "tessera_leases_expired_total",
+        &[],
+        stats.leases_expired as f64,
+    );
+    o.family(
+        "tessera_task_failures_total",
+        "counter",
+        "Failed task attempts reported since start.",
+    );
+    o.sample(
+        "tessera_task_failures_total",
+        &[],
+        stats.attempts_failed as f64,
+    );
+
+    o.family(
+        "tessera_task_duration_seconds",
+        "histogram",
+        "Time from lease to result of completed tasks.",
+    );
+    let mut cumulative = 0;
+    for (bound, n) in DURATION_BUCKETS.iter().zip(stats.duration_buckets) {
+        cumulative += n;
+        o.sample(
+            "tessera_task_duration_seconds_bucket",
+            &[("le", &bound.to_string())],
+            cumulative as f64,
+        );
+    }
+    o.sample(
+        "tessera_task_duration_seconds_bucket",
+        &[("le", "+Inf")],
+        stats.duration_count as f64,
+    );
+    o.sample("tessera_task_duration_seconds_sum", &[], stats.duration_sum);
+    o.sample(
+        "tessera_task_duration_seconds_count",
+        &[],
+        stats.duration_count as f64,
+    );
+
+    o.family(
+        "tessera_frames_rendered_total",
+        "counter",
+        "Frames rendered (stitched, for tiled jobs) and stored.",
+    );
+    let frames: usize = jobs.iter().map(|j| j.outputs().len()).sum();
+    o.sample("tessera_frames_rendered_total", &[], frames as f64);
+
+    o.family("tessera_workers", "gauge", "Workers by state.");
+    for state in ["online", "draining", "offline"] {
+        let n = workers
+            .iter()
+            .filter(|w| match state {
+                "online" => w.online && w.drain.is_none(),
+                "draining" => w.online && w.drain.is_some(),
+                _ => !w.online,
+            })
+            .count();
+        o.sample("tessera_workers", &[("state", state)], n as f64);
+    }
+
+    type GpuValue = fn(&crate::hardware::Gpu) -> Option<f64>;
+    let gpu_series: [(&str, &str, &str, GpuValue); 6] = [
+        (
+            "tessera_gpu_utilization_ratio",
+            "gauge",
+            "GPU utilisation, 0 to 1.",
+            |g| g.telemetry.map(|t| f64::from(t.utilization_pct) / 100.0),
+        ),
+        (
+            "tessera_gpu_memory_used_bytes",
+            "gauge",
+            "GPU memory in use.",
+            |g| g.telemetry.map(|t| t.memory_used_bytes as f64),
+        ),
+        (
+            "tessera_gpu_memory_total_bytes",
+            "gauge",
+            "GPU device-local memory.",
+            |g| Some(g.memory_bytes as f64),
+        ),
+        (
+            "tessera_gpu_temperature_celsius",
+            "gauge",
+            "GPU temperature.",
+            |g| g.telemetry.map(|t| f64::from(t.temperature_c)),
+        ),
+        ("tessera_gpu_power_watts", "gauge", "GPU power draw.", |g| {
+            g.telemetry.map(|t| t.power_w)
+        }),
+        (
+            "tessera_gpu_ecc_errors",
+            "gauge",
+            "Volatile ECC errors since the driver loaded.",
+            |g| g.telemetry.map(|t| t.ecc_errors as f64),
+        ),
+    ];
+    for (name, kind, help, value) in gpu_series {
+        o.family(name, kind, help);
+        for w in &workers {
+            for g in &w.record.gpus {
+                if let Some(v) = value(g) {
+                    let index = g.index.to_string();
+                    o.sample(
+                        name,
+                        &[
+                            ("worker", &w.record.id.0),
+                            ("gpu", &index),
+                            ("name", &g.name),
+                        ],
+                        v,
+                    );
+                }
+            }
+        }
+    }
+    o.0
+}
