@@ -16,8 +16,12 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -q -- -D warnings
 echo "== build"
 cargo build --workspace --all-targets -q
+log="$(mktemp)"; trap 'rm -f "$log"' EXIT
 echo "== unit tests"
-cargo test --workspace --exclude tessera-tests
+cargo test --workspace --exclude tessera-tests 2>&1 | tee -a "$log"
 echo "== end-to-end tests (real coordinator, workers and Blender)"
 # One at a time: each test runs several Blender processes on a small machine.
-cargo test -p tessera-tests -- --test-threads=1
+cargo test -p tessera-tests -- --test-threads=1 2>&1 | tee -a "$log"
+# One closing line for the whole suite.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "tessera: %d passed, %d failed\n", p, f; exit (f > 0) }' "$log"
