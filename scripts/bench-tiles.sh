@@ -11,7 +11,7 @@ source scripts/lib.sh
 ensure_blender
 ensure_rust
 
-w="${1:-1280}"; h="${2:-720}"; s="${3:-24}"
+w="${1:-1920}"; h="${2:-1080}"; s="${3:-32}"
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
 cargo build -q --release -p tessera-cli
 tessera=./target/release/tessera

@@ -83,6 +83,36 @@ pub async fn run(cli: Cli) -> Result<()> {
             eprintln!("job {job} canceled");
             Ok(())
         }
+        Command::Pause { job } => {
+            let mut c = Client::new(&url)?;
+            c.farm
+                .pause_job(pb::JobRef { job_id: job })
+                .await
+                .map_err(|s| c.explain(s))?;
+            eprintln!("job {job} paused; `tessera resume {job}` continues it");
+            Ok(())
+        }
+        Command::Resume { job } => {
+            let mut c = Client::new(&url)?;
+            c.farm
+                .resume_job(pb::JobRef { job_id: job })
+                .await
+                .map_err(|s| c.explain(s))?;
+            eprintln!("job {job} resumed");
+            Ok(())
+        }
+        Command::Retry { job } => {
+            let mut c = Client::new(&url)?;
+            let j = c
+                .farm
+                .retry_job(pb::JobRef { job_id: job })
+                .await
+                .map_err(|s| c.explain(s))?
+                .into_inner();
+            let left = j.tasks_total - j.tasks_done;
+            eprintln!("job {job} re-queued: {left} task(s) to render again");
+            Ok(())
+        }
         Command::Workers(j) => {
             let mut c = Client::new(&url)?;
             let workers = c
@@ -136,6 +166,7 @@ pub fn coordinator_config(a: &CoordinatorArgs) -> Result<tessera_coordinator::Co
             max_temp_c: a.max_gpu_temp,
             max_ecc_per_day: a.max_ecc_per_day,
         },
+        block_after: a.block_after.max(1),
     })
 }
 
@@ -238,6 +269,7 @@ async fn worker(url: &str, args: WorkerArgs) -> Result<()> {
         threads: args.threads.or(Some((cores / slots).max(1))),
         hardware,
         tags: args.tag.clone(),
+        grace: grace(args.grace)?,
     };
     tracing::info!(blender = %version, slots, "worker starting");
     let mode = render_mode(args.fresh_process, args.session_idle)?;
@@ -249,6 +281,14 @@ async fn worker(url: &str, args: WorkerArgs) -> Result<()> {
     });
     tessera_worker::agent::run_blender(config, args.blender, mode, rx).await?;
     Ok(())
+}
+
+/// The shutdown grace period, from the command line.
+fn grace(secs: f64) -> Result<std::time::Duration> {
+    if !(secs.is_finite() && secs >= 0.0) {
+        bail!("--grace {secs} is not a duration; give seconds, e.g. 30");
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
 }
 
 /// Fresh processes or warm sessions, from the command line.

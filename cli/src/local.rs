@@ -55,6 +55,7 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         threads: args.threads.or(Some((cores / slots).max(1))),
         hardware: Default::default(),
         tags: Vec::new(),
+        grace: std::time::Duration::ZERO,
     };
     let mode = crate::commands::render_mode(args.fresh_process, 60.0)?;
     let worker = tokio::spawn(tessera_worker::agent::run_blender(

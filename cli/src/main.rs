@@ -60,8 +60,23 @@ enum Command {
         #[arg(short = 'o', long = "output")]
         output: PathBuf,
     },
-    /// Cancel a job.
+    /// Cancel a job: its running renders stop.
     Cancel {
+        /// The job id.
+        job: u64,
+    },
+    /// Pause a job: no new tasks start, running renders go back to the queue.
+    Pause {
+        /// The job id.
+        job: u64,
+    },
+    /// Resume a paused job.
+    Resume {
+        /// The job id.
+        job: u64,
+    },
+    /// Re-queue the failed and canceled tasks of a failed or canceled job.
+    Retry {
         /// The job id.
         job: u64,
     },
@@ -110,6 +125,9 @@ struct CoordinatorArgs {
     /// More ECC errors than this within a day drain a GPU's worker.
     #[arg(long, default_value_t = 10)]
     max_ecc_per_day: u64,
+    /// Failed attempts after which a worker is blocked for a job.
+    #[arg(long, default_value_t = 3)]
+    block_after: u32,
 }
 
 #[derive(Args, Debug)]
@@ -139,6 +157,10 @@ struct WorkerArgs {
     /// Seconds between GPU telemetry reports.
     #[arg(long, default_value_t = 5.0)]
     telemetry_interval: f64,
+    /// On SIGTERM (e.g. a spot preemption notice), let renders in flight run this many
+    /// seconds before releasing them to other workers.
+    #[arg(long, default_value_t = 0.0)]
+    grace: f64,
     /// Blender executable.
     #[arg(long, env = "TESSERA_BLENDER", default_value = "blender")]
     blender: PathBuf,

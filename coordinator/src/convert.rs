@@ -91,6 +91,7 @@ impl From<JobState> for pb::JobState {
             JobState::Done => Self::Done,
             JobState::Failed => Self::Failed,
             JobState::Canceled => Self::Canceled,
+            JobState::Paused => Self::Paused,
         }
     }
 }

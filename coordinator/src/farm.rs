@@ -39,6 +39,8 @@ pub struct Config {
     pub max_tiles: u32,
     /// When a worker's GPUs drain it.
     pub health: HealthLimits,
+    /// Failed attempts after which a worker is blocked for a job.
+    pub block_after: u32,
 }
 
 impl Default for Config {
@@ -50,6 +52,7 @@ impl Default for Config {
             max_upload: 8 << 30,
             max_tiles: 256,
             health: HealthLimits::default(),
+            block_after: 3,
         }
     }
 }
@@ -430,6 +433,7 @@ impl Farm {
             height,
             stitched: Vec::new(),
             requirements,
+            failures_by_worker: Default::default(),
         };
         let mut records: Vec<Record<'_>> = tasks.iter().map(Record::Task).collect();
         records.push(Record::Job(&job));
@@ -460,7 +464,7 @@ impl Farm {
     /// "waiting: no worker with optix and 24 GB" when no online, healthy
     /// worker has a slot that can render an unfinished job.
     fn waiting(&self, st: &State, job: &Job) -> Option<String> {
-        if job.state.is_final() {
+        if job.state.is_final() || job.state == JobState::Paused {
             return None;
         }
         let now = self.clock.now_ms();
@@ -489,6 +493,65 @@ impl Farm {
                 waiting: self.waiting(&st, job),
             })
             .collect()
+    }
+
+    /// Applies a change to a job and its tasks, durably, then wakes lease calls.
+    fn change(
+        &self,
+        id: JobId,
+        f: impl FnOnce(&mut Job, &mut [Task]) -> Result<(), Error>,
+    ) -> Result<JobSnapshot, Error> {
+        let mut st = self.lock();
+        let mut job = st
+            .jobs
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("job {id}")))?;
+        let mut tasks = st.tasks.get(&id).cloned().unwrap_or_default();
+        f(&mut job, &mut tasks)?;
+        let mut records: Vec<Record<'_>> = tasks.iter().map(Record::Task).collect();
+        records.push(Record::Job(&job));
+        self.store.write(&records)?;
+        st.jobs.insert(id, job.clone());
+        st.tasks.insert(id, tasks.clone());
+        let waiting = self.waiting(&st, &job);
+        drop(st);
+        self.queued.notify_waiters();
+        Ok(JobSnapshot {
+            job,
+            tasks,
+            waiting,
+        })
+    }
+
+    /// Pauses a job: no new leases; running renders stop and their tasks go
+    /// back to the queue without charging an attempt.
+    pub fn pause(&self, id: JobId) -> Result<JobSnapshot, Error> {
+        let snap = self.change(id, |job, tasks| {
+            job.pause()?;
+            tasks.iter_mut().for_each(Task::requeue);
+            Ok(())
+        })?;
+        tracing::info!(job = %id, "job paused");
+        Ok(snap)
+    }
+
+    /// Resumes a paused job.
+    pub fn resume(&self, id: JobId) -> Result<JobSnapshot, Error> {
+        let snap = self.change(id, |job, _| job.resume())?;
+        tracing::info!(job = %id, "job resumed");
+        Ok(snap)
+    }
+
+    /// Re-queues the failed and canceled tasks of a failed or canceled job.
+    pub fn retry(&self, id: JobId) -> Result<JobSnapshot, Error> {
+        let snap = self.change(id, |job, tasks| {
+            job.retry()?;
+            tasks.iter_mut().for_each(Task::retry);
+            Ok(())
+        })?;
+        tracing::info!(job = %id, "job retried");
+        Ok(snap)
     }
 
     /// Cancels a job: its queued and running tasks stop.
@@ -609,7 +672,16 @@ impl Farm {
         let record = &st.workers[worker];
         let cap = record.slot_cap(slot);
         let tags = record.tags.clone();
-        let Some((job_id, index)) = pick(&st, worker, cached, warm, &cap, &tags, online) else {
+        let Some((job_id, index)) = pick(
+            &st,
+            worker,
+            cached,
+            warm,
+            &cap,
+            &tags,
+            online,
+            self.config.block_after,
+        ) else {
             return Ok(None);
         };
         let State { jobs, tasks, .. } = &mut *st;
@@ -1013,6 +1085,13 @@ impl Farm {
         let (mut task, mut job) = Self::find(&st, lease)?;
         let holder = task.holder().cloned();
         let max = if permanent { 1 } else { job.max_attempts };
+        if let Some(h) = &holder {
+            let n = job.failures_by_worker.entry(h.0.clone()).or_default();
+            *n += 1;
+            if *n == self.config.block_after {
+                tracing::warn!(job = %job.id, worker = %h, "worker blocked for this job after {n} failures");
+            }
+        }
         let outcome = task.fail(lease.grant, message.clone(), max)?;
         self.stats
             .lock()
@@ -1177,11 +1256,21 @@ fn pick(
     slot: &SlotCap,
     tags: &[String],
     online: usize,
+    block_after: u32,
 ) -> Option<(JobId, usize)> {
     let mut candidates: Vec<(&Job, usize)> = st
         .jobs
         .values()
-        .filter(|j| !j.state.is_final() && j.requirements.satisfied_by(slot, tags))
+        .filter(|j| {
+            !j.state.is_final()
+                && j.state != JobState::Paused
+                && j.requirements.satisfied_by(slot, tags)
+        })
+        .filter(|j| {
+            j.failures_by_worker
+                .get(&worker.0)
+                .is_none_or(|n| *n < block_after)
+        })
         .map(|j| {
             let running = st.tasks[&j.id]
                 .iter()
@@ -1250,6 +1339,7 @@ mod tests {
             max_upload: 1 << 20,
             max_tiles: 16,
             health: HealthLimits::default(),
+            block_after: 3,
         }
     }
 
@@ -1596,5 +1686,59 @@ mod tests {
         };
         f.farm.telemetry(&w, vec![gpu(70)], vec![cpu]).unwrap();
         assert!(f.farm.try_lease(&w, &HashSet::new()).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_worker_that_keeps_failing_a_job_is_blocked_for_it() {
+        let f = fixture();
+        let mut s = sub(f.scene, "1-5", 1);
+        s.max_attempts = 10;
+        let job = f.farm.submit(s).unwrap();
+        let other = f.farm.submit(sub(f.scene, "1", 1)).unwrap();
+        let w = worker(&f.farm, "a");
+        let _idle = worker(&f.farm, "b");
+        let mut failed = 0;
+        while failed < 3 {
+            let a = f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
+            if a.lease.job == job {
+                f.farm.fail(a.lease, "Error: boom", "", false).unwrap();
+                failed += 1;
+            } else {
+                f.farm.complete(a.lease, vec![output(&f, 1)]).unwrap();
+            }
+        }
+        // Blocked for `job`, but still serving other jobs.
+        if f.farm.job(other).unwrap().job.state != JobState::Done {
+            let a = f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
+            assert_eq!(a.lease.job, other);
+            f.farm.complete(a.lease, vec![output(&f, 1)]).unwrap();
+        }
+        assert!(f.farm.try_lease(&w, &HashSet::new()).unwrap().is_none());
+        assert_eq!(f.farm.job(other).unwrap().job.state, JobState::Done);
+        assert_eq!(f.farm.job(job).unwrap().job.failures_by_worker["w1"], 3);
+        // A retry gives it a clean slate once the job has ended.
+        f.farm.cancel(job).unwrap();
+        f.farm.retry(job).unwrap();
+        assert!(f.farm.try_lease(&w, &HashSet::new()).unwrap().is_some());
+    }
+
+    #[test]
+    fn pause_requeues_running_tasks_and_resume_continues() {
+        let f = fixture();
+        let job = f.farm.submit(sub(f.scene, "1-2", 1)).unwrap();
+        let w = worker(&f.farm, "a");
+        let l = f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
+        let snap = f.farm.pause(job).unwrap();
+        assert_eq!(snap.job.state, JobState::Paused);
+        assert!(
+            !f.farm.progress(l.lease, 0, (0, 0)).unwrap(),
+            "the render stops"
+        );
+        assert!(f.farm.try_lease(&w, &HashSet::new()).unwrap().is_none());
+        assert!(matches!(f.farm.pause(job), Err(Error::Conflict(_))));
+        f.farm.resume(job).unwrap();
+        let again = f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
+        assert_eq!(again.attempt, 1, "a pause charges no attempt");
+        assert!(matches!(f.farm.retry(job), Err(Error::Conflict(_))));
     }
 }

@@ -30,7 +30,11 @@ impl From<Error> for Status {
             Error::NotFound(_) => Status::not_found(e.to_string()),
             Error::Conflict(m) => Status::failed_precondition(m),
             Error::LeaseLost(_) => Status::failed_precondition(e.to_string()),
-            Error::Store(_) | Error::Io { .. } => Status::unavailable(e.to_string()),
+            // The coordinator's own storage failed (disk full, read-only):
+            // nothing was acknowledged; say so plainly.
+            Error::Store(_) | Error::Io { .. } => Status::resource_exhausted(format!(
+                "the coordinator cannot store this: {e}; free space on its --data volume or make it writable, then try again"
+            )),
         }
     }
 }
@@ -190,6 +194,21 @@ impl pb::farm_server::Farm for FarmService {
 
     async fn cancel_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
         let snap = self.farm.cancel(job_id(req.get_ref()))?;
+        Ok(Response::new((&snap).into()))
+    }
+
+    async fn pause_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
+        let snap = self.farm.pause(job_id(req.get_ref()))?;
+        Ok(Response::new((&snap).into()))
+    }
+
+    async fn resume_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
+        let snap = self.farm.resume(job_id(req.get_ref()))?;
+        Ok(Response::new((&snap).into()))
+    }
+
+    async fn retry_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
+        let snap = self.farm.retry(job_id(req.get_ref()))?;
         Ok(Response::new((&snap).into()))
     }
 

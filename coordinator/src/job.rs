@@ -2,8 +2,9 @@
 //!
 //! ```text
 //!  Queued ──first lease──▶ Running ──all tasks done──▶ Done
-//!    │                       │  └──a task out of attempts──▶ Failed
-//!    └───────cancel──────────┴──────────cancel──────────────▶ Canceled
+//!    │  ▲                    │  └──a task out of attempts──▶ Failed ──retry──▶ Running
+//!    │  └─resume── Paused ◀─pause                                             ▲
+//!    └───────cancel──────────┴──────────cancel──────────────▶ Canceled ──retry─┘
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -37,6 +38,8 @@ pub enum JobState {
     Failed,
     /// A user cancelled it.
     Canceled,
+    /// A user paused it: no task is leased until it is resumed.
+    Paused,
 }
 
 impl JobState {
@@ -53,6 +56,7 @@ impl JobState {
             Self::Done => "done",
             Self::Failed => "failed",
             Self::Canceled => "canceled",
+            Self::Paused => "paused",
         }
     }
 }
@@ -104,6 +108,9 @@ pub struct Job {
     /// What a slot needs to render it.
     #[serde(default)]
     pub requirements: Requirements,
+    /// Failed attempts per worker; a worker that fails too often is blocked.
+    #[serde(default)]
+    pub failures_by_worker: std::collections::BTreeMap<String, u32>,
 }
 
 fn whole() -> Grid {
@@ -138,9 +145,53 @@ impl Job {
         self.end(JobState::Failed, reason, now_ms)
     }
 
-    /// Queued|Running -> Canceled.
+    /// Queued|Running|Paused -> Canceled.
     pub fn cancel(&mut self, now_ms: u64) -> Result<(), Error> {
         self.end(JobState::Canceled, "canceled by user".into(), now_ms)
+    }
+
+    /// Queued|Running -> Paused.
+    pub fn pause(&mut self) -> Result<(), Error> {
+        match self.state {
+            JobState::Queued | JobState::Running => {
+                self.state = JobState::Paused;
+                Ok(())
+            }
+            s => Err(self.illegal("paused", s)),
+        }
+    }
+
+    /// Paused -> Running.
+    pub fn resume(&mut self) -> Result<(), Error> {
+        match self.state {
+            JobState::Paused => {
+                self.state = JobState::Running;
+                Ok(())
+            }
+            s => Err(Error::Conflict(format!(
+                "job {} is {}, not paused; nothing to resume",
+                self.id,
+                s.name()
+            ))),
+        }
+    }
+
+    /// Failed|Canceled -> Running, to render what is left again.
+    pub fn retry(&mut self) -> Result<(), Error> {
+        match self.state {
+            JobState::Failed | JobState::Canceled => {
+                self.state = JobState::Running;
+                self.message.clear();
+                self.finished_ms = None;
+                self.failures_by_worker.clear();
+                Ok(())
+            }
+            s => Err(Error::Conflict(format!(
+                "job {} is {}; only failed or canceled jobs can be retried",
+                self.id,
+                s.name()
+            ))),
+        }
     }
 
     fn end(&mut self, to: JobState, message: String, now_ms: u64) -> Result<(), Error> {
@@ -187,6 +238,7 @@ mod tests {
             height: 0,
             stitched: Vec::new(),
             requirements: Requirements::default(),
+            failures_by_worker: Default::default(),
         }
     }
 

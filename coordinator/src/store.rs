@@ -218,6 +218,7 @@ mod tests {
             height: 0,
             stitched: Vec::new(),
             requirements: Default::default(),
+            failures_by_worker: Default::default(),
         }
     }
 

@@ -312,6 +312,24 @@ impl Task {
         }
     }
 
+    /// Leased -> Queued, whoever holds it (its job was paused); no attempt is charged.
+    pub fn requeue(&mut self) {
+        if matches!(self.state, TaskState::Leased { .. }) {
+            self.state = TaskState::Queued;
+            self.frames_done = 0;
+        }
+    }
+
+    /// Failed|Canceled -> Queued with a clean slate (its job is retried).
+    pub fn retry(&mut self) {
+        if matches!(self.state, TaskState::Failed { .. } | TaskState::Canceled) {
+            self.state = TaskState::Queued;
+            self.failures = 0;
+            self.failed_on.clear();
+            self.frames_done = 0;
+        }
+    }
+
     /// Queued|Leased -> Canceled; finished tasks keep their state.
     pub fn cancel(&mut self) {
         if matches!(self.state, TaskState::Queued | TaskState::Leased { .. }) {

@@ -41,6 +41,9 @@ pub struct WorkerConfig {
     pub hardware: HardwareConfig,
     /// Tags jobs can require.
     pub tags: Vec<String>,
+    /// How long renders in flight may run on after a shutdown signal before
+    /// they are released to other workers.
+    pub grace: Duration,
 }
 
 /// A worker's GPUs and their telemetry sources.
@@ -89,6 +92,7 @@ pub fn transient(status: &tonic::Status) -> bool {
             | Code::DeadlineExceeded
             | Code::Aborted
             | Code::Internal
+            | Code::ResourceExhausted
     )
 }
 
@@ -328,15 +332,21 @@ async fn run_task<R: Renderer>(
             }
         })
     };
-    // A shutdown stops the render too; the task is then released.
+    // A shutdown stops the render after the grace period; the task is then
+    // released at once instead of waiting for its lease to expire.
     let watcher = {
         let mut shutdown = shutdown.clone();
         let stop_tx = stop_tx.clone();
+        let grace = shared.config.grace;
         tokio::spawn(async move {
             while !*shutdown.borrow() {
                 if shutdown.changed().await.is_err() {
                     return;
                 }
+            }
+            if !grace.is_zero() {
+                tracing::info!("shutting down: letting the render run for up to {grace:?}");
+                tokio::time::sleep(grace).await;
             }
             let _ = stop_tx.send(true);
         })
