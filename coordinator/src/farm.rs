@@ -674,11 +674,13 @@ impl Farm {
         let tags = record.tags.clone();
         let Some((job_id, index)) = pick(
             &st,
-            worker,
-            cached,
-            warm,
-            &cap,
-            &tags,
+            &Asker {
+                worker,
+                cached,
+                warm,
+                slot: &cap,
+                tags: &tags,
+            },
             online,
             self.config.block_after,
         ) else {
@@ -1248,16 +1250,23 @@ impl Farm {
 /// the job with the fewest running tasks (fair share), then the one whose
 /// scene the worker has cached, then the oldest. A task that failed on this
 /// worker goes to another unless every online worker has failed it.
-fn pick(
-    st: &State,
-    worker: &WorkerId,
-    cached: &HashSet<Digest>,
+/// Who asks for work: a slot of a worker.
+struct Asker<'a> {
+    worker: &'a WorkerId,
+    cached: &'a HashSet<Digest>,
     warm: Option<JobId>,
-    slot: &SlotCap,
-    tags: &[String],
-    online: usize,
-    block_after: u32,
-) -> Option<(JobId, usize)> {
+    slot: &'a SlotCap,
+    tags: &'a [String],
+}
+
+fn pick(st: &State, asker: &Asker<'_>, online: usize, block_after: u32) -> Option<(JobId, usize)> {
+    let Asker {
+        worker,
+        cached,
+        warm,
+        slot,
+        tags,
+    } = *asker;
     let mut candidates: Vec<(&Job, usize)> = st
         .jobs
         .values()
