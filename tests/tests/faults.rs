@@ -81,13 +81,13 @@ fn a_coordinator_killed_ten_times_mid_job_loses_nothing() {
         "--kind",
         "anim",
         "--width",
-        "96",
+        "160",
         "--height",
-        "72",
+        "120",
         "--samples",
-        "32",
+        "64",
         "--frames",
-        "30",
+        "50",
     ]);
     let dir = scratch();
     let data = dir.path().join("data");
