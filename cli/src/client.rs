@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use tessera_proto as pb;
-use tonic::transport::Channel;
+use tessera_worker::agent::{Access, Conn};
 use tonic::Code;
 
 use tessera_coordinator::blendfile;
@@ -20,17 +20,17 @@ pub struct Client {
     /// The coordinator's URL, for messages.
     pub url: String,
     /// Jobs and workers.
-    pub farm: pb::farm_client::FarmClient<Channel>,
+    pub farm: pb::farm_client::FarmClient<Conn>,
     /// Blobs.
-    pub blobs: pb::blobs_client::BlobsClient<Channel>,
+    pub blobs: pb::blobs_client::BlobsClient<Conn>,
 }
 
 impl Client {
     /// A client of the coordinator at `url` (connects on first use).
-    pub fn new(url: &str) -> Result<Self> {
-        let channel = agent::channel(url)?;
+    pub fn new(access: &Access) -> Result<Self> {
+        let channel = agent::channel(access)?;
         Ok(Self {
-            url: url.to_string(),
+            url: access.url.clone(),
             farm: pb::farm_client::FarmClient::new(channel.clone()),
             blobs: pb::blobs_client::BlobsClient::new(channel),
         })

@@ -8,15 +8,90 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::client::{self, Client};
-use crate::{show, Cli, Command, CoordinatorArgs, JobArgs, SubmitArgs, WorkerArgs};
+use crate::{show, Cli, Command, CoordinatorArgs, JobArgs, SubmitArgs, UsersCommand, WorkerArgs};
+use tessera_worker::agent::Access;
+
+/// Where the CLI looks for a token when neither --token nor $TESSERA_TOKEN is set.
+pub fn token_file() -> Option<std::path::PathBuf> {
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".config"))
+        })?;
+    Some(base.join("tessera").join("token"))
+}
+
+/// The coordinator's address, token and CA from the command line, the
+/// environment and the config file.
+pub fn access(url: &str, token: Option<String>, ca: Option<&std::path::Path>) -> Result<Access> {
+    let token = token.filter(|t| !t.trim().is_empty()).or_else(|| {
+        let path = token_file()?;
+        let t = std::fs::read_to_string(path).ok()?;
+        Some(t.trim().to_string()).filter(|t| !t.is_empty())
+    });
+    let ca = match ca {
+        Some(p) => Some(
+            std::fs::read(p)
+                .with_context(|| format!("cannot read the CA certificate {}", p.display()))?,
+        ),
+        None => None,
+    };
+    Ok(Access {
+        url: url.to_string(),
+        token,
+        ca,
+    })
+}
+
+async fn users(url: &Access, cmd: UsersCommand) -> Result<()> {
+    let mut c = Client::new(url)?;
+    match cmd {
+        UsersCommand::Add { name, role } => {
+            let r = c
+                .farm
+                .add_user(pb::AddUserRequest { name, role })
+                .await
+                .map_err(|s| c.explain(s))?
+                .into_inner();
+            eprintln!("user {} added; its token (shown once):", r.name);
+            println!("{}", r.token);
+        }
+        UsersCommand::List { json } => {
+            let users = c
+                .farm
+                .list_users(pb::ListUsersRequest {})
+                .await
+                .map_err(|s| c.explain(s))?
+                .into_inner()
+                .users;
+            if json {
+                let v: Vec<_> = users.iter().map(|u| serde_json::json!({"name": u.name, "role": u.role, "created_ms": u.created_ms})).collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                for u in users {
+                    println!("{:<24} {}", u.name, u.role);
+                }
+            }
+        }
+        UsersCommand::Remove { name } => {
+            c.farm
+                .remove_user(pb::RemoveUserRequest { name: name.clone() })
+                .await
+                .map_err(|s| c.explain(s))?;
+            eprintln!("user {name} removed; its token no longer works");
+        }
+    }
+    Ok(())
+}
 
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> Result<()> {
-    let url = cli.coordinator;
+    let url = access(&cli.coordinator, cli.token.clone(), cli.ca.as_deref())?;
     match cli.command {
         Command::Coordinator(args) => coordinator(args).await,
         Command::Worker(args) => worker(&url, args).await,
         Command::Submit(args) => submit(&url, args).await,
+        Command::Users(cmd) => users(&url, cmd).await,
         Command::Jobs(j) => {
             let mut c = Client::new(&url)?;
             let jobs = c
@@ -167,13 +242,32 @@ pub fn coordinator_config(a: &CoordinatorArgs) -> Result<tessera_coordinator::Co
             max_ecc_per_day: a.max_ecc_per_day,
         },
         block_after: a.block_after.max(1),
+        auth: true,
+        max_message: usize::try_from(a.max_message_mib.clamp(2, 1024) << 20).unwrap_or(usize::MAX),
     })
 }
 
 async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     let config = coordinator_config(&args)?;
-    let coord = tessera_coordinator::Coordinator::open(&args.data, config)
+    let mut coord = tessera_coordinator::Coordinator::open(&args.data, config)
         .with_context(|| format!("cannot open the data directory {}", args.data.display()))?;
+    if let Some(path) = coord.admin_token_path() {
+        eprintln!(
+            "created the admin token: {} (keep it secret; `tessera users add` makes more)",
+            path.display()
+        );
+    }
+    match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            let cert =
+                std::fs::read(cert).with_context(|| format!("cannot read {}", cert.display()))?;
+            let key =
+                std::fs::read(key).with_context(|| format!("cannot read {}", key.display()))?;
+            coord = coord.with_tls(cert, key);
+        }
+        (None, None) => {}
+        _ => bail!("give both --tls-cert and --tls-key, or neither"),
+    }
     let listener = TcpListener::bind(&args.listen).await.with_context(|| {
         format!(
             "cannot listen on {}; is another coordinator running there? pick another --listen",
@@ -181,6 +275,11 @@ async fn coordinator(args: CoordinatorArgs) -> Result<()> {
         )
     })?;
     let addr = listener.local_addr()?;
+    if !addr.ip().is_loopback() && args.tls_cert.is_none() && !args.allow_plaintext {
+        bail!(
+            "{addr} is reachable from other machines and tokens would travel in plain text; give --tls-cert and --tls-key, or pass --allow-plaintext on a trusted network"
+        );
+    }
     let http = match &args.http {
         Some(a) => Some(
             TcpListener::bind(a)
@@ -206,7 +305,7 @@ pub async fn blender_version(blender: &std::path::Path) -> Result<String> {
     Ok(tessera_worker::blender::blender_version(blender).await?)
 }
 
-async fn worker(url: &str, args: WorkerArgs) -> Result<()> {
+async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
     let version = blender_version(&args.blender).await?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     let choice =
@@ -261,7 +360,7 @@ async fn worker(url: &str, args: WorkerArgs) -> Result<()> {
             .unwrap_or_else(|_| "worker".into())
     });
     let config = tessera_worker::agent::WorkerConfig {
-        coordinator: url.to_string(),
+        access: url.clone(),
         name,
         cache: args.cache,
         slots: plans,
@@ -382,7 +481,7 @@ pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Re
     Ok(id)
 }
 
-async fn submit(url: &str, args: SubmitArgs) -> Result<()> {
+async fn submit(url: &Access, args: SubmitArgs) -> Result<()> {
     let frames = prepare(&args.job).await?;
     let mut c = Client::new(url)?;
     let id = submit_job(&mut c, &args.job, frames).await?;

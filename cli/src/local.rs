@@ -8,6 +8,7 @@ use tokio::sync::watch;
 use crate::client::{self, Client};
 use crate::commands::{blender_version, prepare, settle, submit_job};
 use crate::RenderArgs;
+use tessera_worker::agent::Access;
 
 /// Renders a scene on this machine through a private farm.
 pub async fn render(args: RenderArgs) -> Result<()> {
@@ -41,7 +42,10 @@ pub async fn render(args: RenderArgs) -> Result<()> {
     let slots = args.workers.max(1);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     let config = tessera_worker::agent::WorkerConfig {
-        coordinator: url.clone(),
+        access: Access {
+            url: url.clone(),
+            ..Access::default()
+        },
         name: "local".into(),
         cache: scratch.path().join("cache"),
         slots: tessera_worker::slots::plan(
@@ -65,7 +69,10 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         stop_rx.clone(),
     ));
     let result = async {
-        let mut c = Client::new(&url)?;
+        let mut c = Client::new(&Access {
+            url: url.clone(),
+            ..Access::default()
+        })?;
         let id = submit_job(&mut c, &args.job, frames).await?;
         let job = tokio::select! {
             j = client::wait(&mut c, id) => j?,

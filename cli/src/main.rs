@@ -23,6 +23,12 @@ struct Cli {
         default_value = "http://127.0.0.1:7878"
     )]
     coordinator: String,
+    /// Bearer token (default: $TESSERA_TOKEN, then ~/.config/tessera/token).
+    #[arg(long, global = true, env = "TESSERA_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// CA certificate (PEM) that signed the coordinator's TLS certificate, for https:// URLs.
+    #[arg(long, global = true, env = "TESSERA_CA")]
+    ca: Option<PathBuf>,
     /// Log format: human or json.
     #[arg(long, global = true, default_value = "human", value_parser = ["human", "json"])]
     log_format: String,
@@ -84,6 +90,32 @@ enum Command {
     Workers(JsonArg),
     /// Render locally: an embedded coordinator and local worker slots in one process.
     Render(RenderArgs),
+    /// Manage users and their tokens (admin only).
+    #[command(subcommand)]
+    Users(UsersCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum UsersCommand {
+    /// Add a user and print its token (shown once).
+    Add {
+        /// A short name: letters, digits, `-`, `_`, `.`.
+        name: String,
+        /// user (submits and sees its own jobs), worker (joins the farm) or admin.
+        #[arg(long, default_value = "user", value_parser = ["user", "worker", "admin"])]
+        role: String,
+    },
+    /// List users.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a user: its token stops working at once.
+    Remove {
+        /// The user's name.
+        name: String,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -128,6 +160,18 @@ struct CoordinatorArgs {
     /// Failed attempts after which a worker is blocked for a job.
     #[arg(long, default_value_t = 3)]
     block_after: u32,
+    /// Largest gRPC message accepted, in MiB.
+    #[arg(long, default_value_t = 4)]
+    max_message_mib: u64,
+    /// TLS certificate chain (PEM) for the gRPC port.
+    #[arg(long)]
+    tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM) for the gRPC port.
+    #[arg(long)]
+    tls_key: Option<PathBuf>,
+    /// Allow plain text on a non-loopback address (tokens travel unencrypted).
+    #[arg(long)]
+    allow_plaintext: bool,
 }
 
 #[derive(Args, Debug)]

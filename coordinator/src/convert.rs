@@ -37,6 +37,8 @@ impl TryFrom<pb::JobSpec> for Submission {
             device: s.device,
             min_vram_gb: s.min_vram_gb,
             tags: s.tags,
+            // Set from the caller's token by the handler, never from the message.
+            owner: String::new(),
         })
     }
 }
@@ -166,6 +168,7 @@ impl From<&JobSnapshot> for pb::JobView {
             min_vram_gb: j.requirements.min_vram_bytes as f64 / crate::hardware::GIB,
             tags: j.requirements.tags.clone(),
             waiting: s.waiting.clone().unwrap_or_default(),
+            owner: j.owner.clone(),
         }
     }
 }

@@ -15,6 +15,12 @@ pub enum Error {
     /// The lease is no longer held by the caller (expired, reassigned, cancelled).
     #[error("lease {0} is no longer valid; the task was reassigned or its job ended")]
     LeaseLost(String),
+    /// No valid token.
+    #[error("{0}")]
+    Unauthenticated(&'static str),
+    /// A valid token without the right to do this.
+    #[error("{0}")]
+    PermissionDenied(String),
     /// The durable store failed; nothing was acknowledged.
     #[error("metadata store: {0}")]
     Store(String),

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use crate::auth::{self, Identity, Role, UserRecord};
 use crate::blob_store::BlobStore;
 use crate::clock::Clock;
 use crate::digest::Digest;
@@ -41,6 +42,10 @@ pub struct Config {
     pub health: HealthLimits,
     /// Failed attempts after which a worker is blocked for a job.
     pub block_after: u32,
+    /// Whether requests need a token (off only for the local `render` mode).
+    pub auth: bool,
+    /// Largest gRPC message accepted, in bytes (blobs travel in 1 MiB chunks).
+    pub max_message: usize,
 }
 
 impl Default for Config {
@@ -53,6 +58,8 @@ impl Default for Config {
             max_tiles: 256,
             health: HealthLimits::default(),
             block_after: 3,
+            auth: true,
+            max_message: 4 << 20,
         }
     }
 }
@@ -84,6 +91,8 @@ pub struct Submission {
     pub min_vram_gb: f64,
     /// Tags a worker must carry.
     pub tags: Vec<String>,
+    /// Who submits it.
+    pub owner: String,
 }
 
 /// Facts about a scene read with Blender by the submitter.
@@ -242,6 +251,7 @@ struct State {
     next_job: u64,
     next_worker: u64,
     health: std::collections::HashMap<WorkerId, Health>,
+    users: BTreeMap<String, UserRecord>,
 }
 
 /// The coordinator's domain service.
@@ -272,6 +282,7 @@ impl Farm {
             tasks: snap.tasks,
             workers: snap.workers,
             health: Default::default(),
+            users: snap.users,
         };
         for task in state.tasks.values_mut().flatten() {
             if let TaskState::Leased { expires_ms, .. } = &mut task.state {
@@ -434,6 +445,7 @@ impl Farm {
             stitched: Vec::new(),
             requirements,
             failures_by_worker: Default::default(),
+            owner: sub.owner.clone(),
         };
         let mut records: Vec<Record<'_>> = tasks.iter().map(Record::Task).collect();
         records.push(Record::Job(&job));
@@ -493,6 +505,111 @@ impl Farm {
                 waiting: self.waiting(&st, job),
             })
             .collect()
+    }
+
+    /// Who holds `token`, or why not.
+    pub fn authenticate(&self, token: Option<&str>) -> Result<Identity, Error> {
+        if !self.config.auth {
+            return Ok(Identity::local());
+        }
+        let token = token.ok_or(Error::Unauthenticated(
+            "no token given; pass --token, set $TESSERA_TOKEN, or put it in ~/.config/tessera/token",
+        ))?;
+        let hash = auth::token_hash(token);
+        let st = self.lock();
+        st.users
+            .values()
+            .find(|u| u.token_hash == hash)
+            .map(|u| Identity {
+                name: u.name.clone(),
+                role: u.role,
+            })
+            .ok_or(Error::Unauthenticated(
+                "the token is not valid; ask the farm's admin for one",
+            ))
+    }
+
+    /// Creates the admin on first start; returns its token to hand over.
+    pub fn ensure_admin(&self) -> Result<Option<String>, Error> {
+        if !self.config.auth || self.lock().users.values().any(|u| u.role == Role::Admin) {
+            return Ok(None);
+        }
+        let token = self.add_user_record("admin", Role::Admin)?;
+        Ok(Some(token))
+    }
+
+    fn add_user_record(&self, name: &str, role: Role) -> Result<String, Error> {
+        auth::check_name(name)?;
+        let token = auth::new_token()?;
+        let record = UserRecord {
+            name: name.to_string(),
+            role,
+            token_hash: auth::token_hash(&token),
+            created_ms: self.clock.now_ms(),
+        };
+        let mut st = self.lock();
+        if st.users.contains_key(name) {
+            return Err(Error::Conflict(format!(
+                "user {name} exists; remove it first to issue a new token"
+            )));
+        }
+        self.store.write(&[Record::User(&record)])?;
+        st.users.insert(name.to_string(), record);
+        tracing::info!(user = name, role = role.name(), "user added");
+        Ok(token)
+    }
+
+    /// Adds a user and returns its token (admins only).
+    pub fn add_user(&self, who: &Identity, name: &str, role: Role) -> Result<String, Error> {
+        Self::admin_only(who)?;
+        self.add_user_record(name, role)
+    }
+
+    /// Removes a user: its token stops working at once (admins only).
+    pub fn remove_user(&self, who: &Identity, name: &str) -> Result<(), Error> {
+        Self::admin_only(who)?;
+        let mut st = self.lock();
+        let user = st
+            .users
+            .get(name)
+            .ok_or_else(|| Error::NotFound(format!("user {name}")))?;
+        if user.role == Role::Admin
+            && st.users.values().filter(|u| u.role == Role::Admin).count() == 1
+        {
+            return Err(Error::Conflict(
+                "that is the last admin; add another admin first".into(),
+            ));
+        }
+        self.store.write(&[Record::RemoveUser(name)])?;
+        st.users.remove(name);
+        tracing::info!(user = name, "user removed");
+        Ok(())
+    }
+
+    /// Every user (admins only).
+    pub fn users(&self, who: &Identity) -> Result<Vec<UserRecord>, Error> {
+        Self::admin_only(who)?;
+        Ok(self.lock().users.values().cloned().collect())
+    }
+
+    fn admin_only(who: &Identity) -> Result<(), Error> {
+        if who.is_admin() {
+            Ok(())
+        } else {
+            Err(Error::PermissionDenied(
+                "only an admin manages users".into(),
+            ))
+        }
+    }
+
+    /// Fails with "not found" unless `who` may see job `id` (another user's
+    /// job is indistinguishable from a missing one).
+    pub fn check_owner(&self, id: JobId, who: &Identity) -> Result<(), Error> {
+        let st = self.lock();
+        match st.jobs.get(&id) {
+            Some(job) if who.may_see(&job.owner) => Ok(()),
+            _ => Err(Error::NotFound(format!("job {id}"))),
+        }
     }
 
     /// Applies a change to a job and its tasks, durably, then wakes lease calls.
@@ -1349,6 +1466,8 @@ mod tests {
             max_tiles: 16,
             health: HealthLimits::default(),
             block_after: 3,
+            auth: true,
+            max_message: 4 << 20,
         }
     }
 
@@ -1366,6 +1485,7 @@ mod tests {
             device: String::new(),
             min_vram_gb: 0.0,
             tags: Vec::new(),
+            owner: "alice".into(),
         }
     }
 

@@ -9,6 +9,7 @@ use tessera_proto as pb;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::auth::{self, Identity, Role};
 use crate::blob_store::BlobStore;
 use crate::convert::{digest, job_id};
 use crate::error::Error;
@@ -30,6 +31,8 @@ impl From<Error> for Status {
             Error::NotFound(_) => Status::not_found(e.to_string()),
             Error::Conflict(m) => Status::failed_precondition(m),
             Error::LeaseLost(_) => Status::failed_precondition(e.to_string()),
+            Error::Unauthenticated(m) => Status::unauthenticated(m),
+            Error::PermissionDenied(m) => Status::permission_denied(m),
             // The coordinator's own storage failed (disk full, read-only):
             // nothing was acknowledged; say so plainly.
             Error::Store(_) | Error::Io { .. } => Status::resource_exhausted(format!(
@@ -37,6 +40,37 @@ impl From<Error> for Status {
             )),
         }
     }
+}
+
+/// Checks the bearer token of a request and attaches the caller's
+/// [`Identity`]; only `roles` may call the service.
+pub fn authorize(farm: &Farm, mut req: Request<()>, roles: &[Role]) -> Result<Request<()>, Status> {
+    let header = req
+        .metadata()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok());
+    let who = farm.authenticate(auth::bearer(header))?;
+    if !roles.contains(&who.role) {
+        return Err(Status::permission_denied(format!(
+            "a {} token cannot do this; use a token with role {}",
+            who.role.name(),
+            roles
+                .iter()
+                .map(|r| r.name())
+                .collect::<Vec<_>>()
+                .join(" or ")
+        )));
+    }
+    req.extensions_mut().insert(who);
+    Ok(req)
+}
+
+/// The caller, as [`authorize`] attached it.
+fn who<T>(req: &Request<T>) -> Result<Identity, Status> {
+    req.extensions()
+        .get::<Identity>()
+        .cloned()
+        .ok_or_else(|| Status::unauthenticated("no identity; the request bypassed authentication"))
 }
 
 fn lease(s: &str) -> Result<LeaseId, Status> {
@@ -175,41 +209,57 @@ impl pb::farm_server::Farm for FarmService {
         &self,
         req: Request<pb::JobSpec>,
     ) -> Result<Response<pb::SubmitJobResponse>, Status> {
-        let id = self.farm.submit(req.into_inner().try_into()?)?;
+        let who = who(&req)?;
+        let mut sub: crate::farm::Submission = req.into_inner().try_into()?;
+        sub.owner = who.name;
+        let id = self.farm.submit(sub)?;
         Ok(Response::new(pb::SubmitJobResponse { job_id: id.0 }))
     }
 
     async fn get_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
-        let snap = self.farm.job(job_id(req.get_ref()))?;
+        let id = job_id(req.get_ref());
+        self.farm.check_owner(id, &who(&req)?)?;
+        let snap = self.farm.job(id)?;
         Ok(Response::new((&snap).into()))
     }
 
     async fn list_jobs(
         &self,
-        _req: Request<pb::ListJobsRequest>,
+        req: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
-        let jobs = self.farm.jobs().iter().map(Into::into).collect();
+        let who = who(&req)?;
+        let jobs = self
+            .farm
+            .jobs()
+            .iter()
+            .filter(|j| who.may_see(&j.job.owner))
+            .map(Into::into)
+            .collect();
         Ok(Response::new(pb::ListJobsResponse { jobs }))
     }
 
     async fn cancel_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
-        let snap = self.farm.cancel(job_id(req.get_ref()))?;
-        Ok(Response::new((&snap).into()))
+        let id = job_id(req.get_ref());
+        self.farm.check_owner(id, &who(&req)?)?;
+        Ok(Response::new((&self.farm.cancel(id)?).into()))
     }
 
     async fn pause_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
-        let snap = self.farm.pause(job_id(req.get_ref()))?;
-        Ok(Response::new((&snap).into()))
+        let id = job_id(req.get_ref());
+        self.farm.check_owner(id, &who(&req)?)?;
+        Ok(Response::new((&self.farm.pause(id)?).into()))
     }
 
     async fn resume_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
-        let snap = self.farm.resume(job_id(req.get_ref()))?;
-        Ok(Response::new((&snap).into()))
+        let id = job_id(req.get_ref());
+        self.farm.check_owner(id, &who(&req)?)?;
+        Ok(Response::new((&self.farm.resume(id)?).into()))
     }
 
     async fn retry_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
-        let snap = self.farm.retry(job_id(req.get_ref()))?;
-        Ok(Response::new((&snap).into()))
+        let id = job_id(req.get_ref());
+        self.farm.check_owner(id, &who(&req)?)?;
+        Ok(Response::new((&self.farm.retry(id)?).into()))
     }
 
     async fn list_workers(
@@ -218,6 +268,46 @@ impl pb::farm_server::Farm for FarmService {
     ) -> Result<Response<pb::ListWorkersResponse>, Status> {
         let workers = self.farm.workers().iter().map(Into::into).collect();
         Ok(Response::new(pb::ListWorkersResponse { workers }))
+    }
+
+    async fn add_user(
+        &self,
+        req: Request<pb::AddUserRequest>,
+    ) -> Result<Response<pb::AddUserResponse>, Status> {
+        let who = who(&req)?;
+        let r = req.into_inner();
+        let role = Role::parse(&r.role)?;
+        let token = self.farm.add_user(&who, &r.name, role)?;
+        Ok(Response::new(pb::AddUserResponse {
+            name: r.name,
+            token,
+        }))
+    }
+
+    async fn list_users(
+        &self,
+        req: Request<pb::ListUsersRequest>,
+    ) -> Result<Response<pb::ListUsersResponse>, Status> {
+        let users = self
+            .farm
+            .users(&who(&req)?)?
+            .into_iter()
+            .map(|u| pb::UserView {
+                name: u.name,
+                role: u.role.name().into(),
+                created_ms: u.created_ms,
+            })
+            .collect();
+        Ok(Response::new(pb::ListUsersResponse { users }))
+    }
+
+    async fn remove_user(
+        &self,
+        req: Request<pb::RemoveUserRequest>,
+    ) -> Result<Response<pb::Ack>, Status> {
+        let who = who(&req)?;
+        self.farm.remove_user(&who, &req.into_inner().name)?;
+        Ok(Response::new(pb::Ack {}))
     }
 }
 

@@ -20,9 +20,23 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let app = Router::new().route(
         "/metrics",
-        get(move || {
+        get(move |headers: axum::http::HeaderMap| {
             let farm = farm.clone();
             async move {
+                let token = crate::auth::bearer(
+                    headers
+                        .get(header::AUTHORIZATION)
+                        .and_then(|v| v.to_str().ok()),
+                );
+                if let Err(e) = farm.authenticate(token) {
+                    let msg = format!("{e}\n");
+                    return (
+                        axum::http::StatusCode::UNAUTHORIZED,
+                        [(header::WWW_AUTHENTICATE, "Bearer")],
+                        msg,
+                    )
+                        .into_response();
+                }
                 let body = tokio::task::spawn_blocking(move || crate::metrics::render(&farm))
                     .await
                     .unwrap_or_default();

@@ -111,6 +111,9 @@ pub struct Job {
     /// Failed attempts per worker; a worker that fails too often is blocked.
     #[serde(default)]
     pub failures_by_worker: std::collections::BTreeMap<String, u32>,
+    /// The user who submitted it.
+    #[serde(default)]
+    pub owner: String,
 }
 
 fn whole() -> Grid {
@@ -239,6 +242,7 @@ mod tests {
             stitched: Vec::new(),
             requirements: Requirements::default(),
             failures_by_worker: Default::default(),
+            owner: String::new(),
         }
     }
 

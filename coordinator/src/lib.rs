@@ -2,6 +2,7 @@
 //! leases tasks to workers and keeps everything durable.
 //!
 //! # Layout
+//! - [`auth`]: tokens, roles and who may see what.
 //! - [`frames`]: the frame-set syntax and chunking.
 //! - [`digest`]: blake3 content addresses.
 //! - [`blendfile`]: recognising Blender files by their header.
@@ -18,6 +19,7 @@
 //! - [`tiles`]: tile grids, overscan and Blender render borders.
 //! - [`stitch`]: assembling a frame from rendered tiles, pixel for pixel.
 
+pub mod auth;
 pub mod blendfile;
 pub mod blob_store;
 pub mod clock;

@@ -8,19 +8,34 @@ use std::time::Duration;
 use tessera_proto as pb;
 use tokio::net::TcpListener;
 
+use crate::auth::Role;
 use crate::blob_store::FsBlobStore;
 use crate::clock::SystemClock;
 use crate::error::Error;
 use crate::farm::{Config, Farm};
-use crate::grpc::{BlobsService, FarmService, WorkService, CHUNK};
+use crate::grpc::{BlobsService, FarmService, WorkService};
 use crate::store::SledStore;
-
-/// Largest gRPC message accepted (blobs travel in 1 MiB chunks).
-const MAX_MESSAGE: usize = 4 * CHUNK;
+use tonic::service::interceptor::InterceptedService;
 
 /// A coordinator over a data directory.
 pub struct Coordinator {
     farm: Arc<Farm>,
+    admin_token: Option<std::path::PathBuf>,
+    tls: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// Writes a secret readable by its owner only.
+fn write_secret(path: &Path, secret: &str) -> Result<(), Error> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| Error::io(format!("cannot write {}", path.display()), e))?;
+    writeln!(f, "{secret}").map_err(|e| Error::io(format!("cannot write {}", path.display()), e))
 }
 
 impl Coordinator {
@@ -32,9 +47,31 @@ impl Coordinator {
         let blobs = Arc::new(FsBlobStore::open(&data.join("blobs"), config.max_upload)?);
         let farm = Farm::open(store, blobs, Arc::new(SystemClock), config)?;
         farm.recover_stitching()?;
+        let admin_token = match farm.ensure_admin()? {
+            Some(token) => {
+                let path = data.join("admin.token");
+                write_secret(&path, &token)?;
+                tracing::warn!("created the admin token; it is in {}", path.display());
+                Some(path)
+            }
+            None => None,
+        };
         Ok(Self {
             farm: Arc::new(farm),
+            admin_token,
+            tls: None,
         })
+    }
+
+    /// Where the admin token was written, when this start created it.
+    pub fn admin_token_path(&self) -> Option<&Path> {
+        self.admin_token.as_deref()
+    }
+
+    /// Serves gRPC over TLS with this certificate chain and key (PEM).
+    pub fn with_tls(mut self, cert_pem: Vec<u8>, key_pem: Vec<u8>) -> Self {
+        self.tls = Some((cert_pem, key_pem));
+        self
     }
 
     /// The domain service.
@@ -75,14 +112,37 @@ impl Coordinator {
         let addr = listener.local_addr().ok();
         tracing::info!(?addr, "coordinator listening");
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        let blobs = pb::blobs_server::BlobsServer::new(BlobsService::new(self.farm.clone()))
-            .max_decoding_message_size(MAX_MESSAGE)
-            .max_encoding_message_size(MAX_MESSAGE);
-        let farm = pb::farm_server::FarmServer::new(FarmService::new(self.farm.clone()))
-            .max_decoding_message_size(MAX_MESSAGE);
-        let work = pb::work_server::WorkServer::new(WorkService::new(self.farm.clone()))
-            .max_decoding_message_size(MAX_MESSAGE);
-        let result = tonic::transport::Server::builder()
+        let guard = |roles: &'static [Role]| {
+            let farm = self.farm.clone();
+            move |req: tonic::Request<()>| crate::grpc::authorize(&farm, req, roles)
+        };
+        let max_message = self.farm.config().max_message;
+        let blobs = InterceptedService::new(
+            pb::blobs_server::BlobsServer::new(BlobsService::new(self.farm.clone()))
+                .max_decoding_message_size(max_message)
+                .max_encoding_message_size(max_message),
+            guard(&[Role::Admin, Role::User, Role::Worker]),
+        );
+        let farm = InterceptedService::new(
+            pb::farm_server::FarmServer::new(FarmService::new(self.farm.clone()))
+                .max_decoding_message_size(max_message),
+            guard(&[Role::Admin, Role::User]),
+        );
+        let work = InterceptedService::new(
+            pb::work_server::WorkServer::new(WorkService::new(self.farm.clone()))
+                .max_decoding_message_size(max_message),
+            guard(&[Role::Admin, Role::Worker]),
+        );
+        let mut builder = tonic::transport::Server::builder();
+        if let Some((cert, key)) = &self.tls {
+            let identity = tonic::transport::Identity::from_pem(cert, key);
+            builder = builder
+                .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+                .map_err(|e| {
+                    Error::invalid(format!("bad TLS certificate or key: {e}; give PEM files"))
+                })?;
+        }
+        let result = builder
             .add_service(blobs)
             .add_service(farm)
             .add_service(work)

@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::Transactional;
 
+use crate::auth::UserRecord;
 use crate::error::Error;
 use crate::job::{Job, JobId};
 use crate::task::Task;
@@ -25,6 +26,10 @@ pub enum Record<'a> {
     Task(&'a Task),
     /// A worker.
     Worker(&'a WorkerRecord),
+    /// A user (token holder).
+    User(&'a UserRecord),
+    /// Deletes the user of this name.
+    RemoveUser(&'a str),
 }
 
 /// Everything the store holds, read at start-up.
@@ -36,6 +41,8 @@ pub struct Snapshot {
     pub tasks: BTreeMap<JobId, Vec<Task>>,
     /// Workers by id.
     pub workers: BTreeMap<WorkerId, WorkerRecord>,
+    /// Users by name.
+    pub users: BTreeMap<String, UserRecord>,
 }
 
 /// Durable storage of the coordinator's metadata.
@@ -59,6 +66,7 @@ pub struct SledStore {
     jobs: sled::Tree,
     tasks: sled::Tree,
     workers: sled::Tree,
+    users: sled::Tree,
 }
 
 impl SledStore {
@@ -74,6 +82,7 @@ impl SledStore {
             jobs: db.open_tree("jobs")?,
             tasks: db.open_tree("tasks")?,
             workers: db.open_tree("workers")?,
+            users: db.open_tree("users")?,
             db,
         })
     }
@@ -104,32 +113,56 @@ impl MetaStore for SledStore {
             let w: WorkerRecord = serde_json::from_slice(&v)?;
             snap.workers.insert(w.id.clone(), w);
         }
+        for item in self.users.iter() {
+            let (_, v) = item?;
+            let u: UserRecord = serde_json::from_slice(&v)?;
+            snap.users.insert(u.name.clone(), u);
+        }
         Ok(snap)
     }
 
     fn write(&self, records: &[Record<'_>]) -> Result<(), Error> {
-        let mut encoded = Vec::with_capacity(records.len());
+        // (tree, key, value); a value of None deletes. Tree 0 = jobs, written
+        // last (see `load`), 1 = tasks, 2 = workers, 3 = users.
+        let mut encoded: Vec<(u8, Vec<u8>, Option<Vec<u8>>)> = Vec::with_capacity(records.len());
         for r in records {
             encoded.push(match r {
-                Record::Job(j) => (0u8, j.id.0.to_be_bytes().to_vec(), serde_json::to_vec(j)?),
-                Record::Task(t) => (1, task_key(t.job, t.index).to_vec(), serde_json::to_vec(t)?),
-                Record::Worker(w) => (2, w.id.0.as_bytes().to_vec(), serde_json::to_vec(w)?),
+                Record::Job(j) => (
+                    0u8,
+                    j.id.0.to_be_bytes().to_vec(),
+                    Some(serde_json::to_vec(j)?),
+                ),
+                Record::Task(t) => (
+                    1,
+                    task_key(t.job, t.index).to_vec(),
+                    Some(serde_json::to_vec(t)?),
+                ),
+                Record::Worker(w) => (2, w.id.0.as_bytes().to_vec(), Some(serde_json::to_vec(w)?)),
+                Record::User(u) => (3, u.name.as_bytes().to_vec(), Some(serde_json::to_vec(u)?)),
+                Record::RemoveUser(name) => (3, name.as_bytes().to_vec(), None),
             });
         }
-        (&self.jobs, &self.tasks, &self.workers)
-            .transaction(|(jobs, tasks, workers)| {
-                // Tasks first, then jobs: see `load`.
-                for (tree, key, value) in encoded
+        (&self.jobs, &self.tasks, &self.workers, &self.users)
+            .transaction(|(jobs, tasks, workers, users)| {
+                let ordered = encoded
                     .iter()
                     .filter(|e| e.0 != 0)
-                    .chain(encoded.iter().filter(|e| e.0 == 0))
-                {
+                    .chain(encoded.iter().filter(|e| e.0 == 0));
+                for (tree, key, value) in ordered {
                     let t = match tree {
                         0 => jobs,
                         1 => tasks,
-                        _ => workers,
+                        2 => workers,
+                        _ => users,
                     };
-                    t.insert(key.as_slice(), value.as_slice())?;
+                    match value {
+                        Some(v) => {
+                            t.insert(key.as_slice(), v.as_slice())?;
+                        }
+                        None => {
+                            t.remove(key.as_slice())?;
+                        }
+                    }
                 }
                 Ok::<_, ConflictableTransactionError<()>>(())
             })
@@ -150,6 +183,7 @@ struct Tables {
     jobs: BTreeMap<JobId, Job>,
     tasks: BTreeMap<(JobId, u32), Task>,
     workers: BTreeMap<WorkerId, WorkerRecord>,
+    users: BTreeMap<String, UserRecord>,
 }
 
 /// Metadata in memory, for unit tests.
@@ -164,6 +198,7 @@ impl MetaStore for MemoryStore {
         let mut snap = Snapshot {
             jobs: inner.jobs.clone(),
             workers: inner.workers.clone(),
+            users: inner.users.clone(),
             ..Default::default()
         };
         for ((job, _), task) in &inner.tasks {
@@ -184,6 +219,12 @@ impl MetaStore for MemoryStore {
                 }
                 Record::Worker(w) => {
                     inner.workers.insert(w.id.clone(), (*w).clone());
+                }
+                Record::User(u) => {
+                    inner.users.insert(u.name.clone(), (*u).clone());
+                }
+                Record::RemoveUser(name) => {
+                    inner.users.remove(*name);
                 }
             }
         }
@@ -219,6 +260,7 @@ mod tests {
             stitched: Vec::new(),
             requirements: Default::default(),
             failures_by_worker: Default::default(),
+            owner: String::new(),
         }
     }
 

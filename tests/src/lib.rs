@@ -228,13 +228,77 @@ impl Coordinator {
                 )
             })
             .to_string();
+        let url = format!("http://{addr}");
+        let admin = std::fs::read_to_string(data.join("admin.token"))
+            .expect("the coordinator writes its admin token on first start")
+            .trim()
+            .to_string();
+        // A worker token, made once per data directory and kept beside it.
+        let worker_file = data.with_extension("worker-token");
+        let worker = match std::fs::read_to_string(&worker_file) {
+            Ok(t) => t.trim().to_string(),
+            Err(_) => {
+                let out = Command::new(tessera())
+                    .args(["users", "add", "workers", "--role", "worker"])
+                    .env("TESSERA_COORDINATOR", &url)
+                    .env("TESSERA_TOKEN", &admin)
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "users add: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let t = String::from_utf8(out.stdout).unwrap().trim().to_string();
+                std::fs::write(&worker_file, &t).unwrap();
+                t
+            }
+        };
+        tokens()
+            .lock()
+            .unwrap()
+            .insert(url.clone(), (admin, worker));
         Self {
-            url: format!("http://{addr}"),
+            url,
             addr,
             metrics,
             proc: Proc { child, log },
         }
     }
+
+    /// The admin token.
+    pub fn admin_token(&self) -> String {
+        tokens().lock().unwrap()[&self.url].0.clone()
+    }
+}
+
+/// Tokens of the coordinators started by this process, by URL: (admin, worker).
+fn tokens() -> &'static Mutex<std::collections::HashMap<String, (String, String)>> {
+    static TOKENS: OnceLock<Mutex<std::collections::HashMap<String, (String, String)>>> =
+        OnceLock::new();
+    TOKENS.get_or_init(Default::default)
+}
+
+fn token_for(url: &str, worker: bool) -> Option<String> {
+    tokens()
+        .lock()
+        .unwrap()
+        .get(url)
+        .map(|(a, w)| if worker { w.clone() } else { a.clone() })
+}
+
+/// Runs a client command against `url` with an explicit token (None: no token at all).
+pub fn cli_as(url: &str, token: Option<&str>, args: &[&str]) -> Output {
+    let mut cmd = Command::new(tessera());
+    cmd.args(args)
+        .env("TESSERA_COORDINATOR", url)
+        .env_remove("TESSERA_TOKEN")
+        .env("XDG_CONFIG_HOME", "/nonexistent")
+        .stdin(Stdio::null());
+    if let Some(t) = token {
+        cmd.env("TESSERA_TOKEN", t);
+    }
+    cmd.output().unwrap()
 }
 
 fn unique() -> u64 {
@@ -262,6 +326,7 @@ pub fn worker(url: &str, dir: &Path, name: &str) -> Proc {
             "--cache",
         ])
         .arg(&cache)
+        .env("TESSERA_TOKEN", token_for(url, true).unwrap_or_default())
         .stdout(std::fs::File::create(dir.join(format!("worker-{name}.out"))).unwrap())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
@@ -269,14 +334,9 @@ pub fn worker(url: &str, dir: &Path, name: &str) -> Proc {
     Proc { child, log }
 }
 
-/// Runs a client command against `url`.
+/// Runs a client command against `url`, as the coordinator's admin.
 pub fn cli(url: &str, args: &[&str]) -> Output {
-    Command::new(tessera())
-        .args(args)
-        .env("TESSERA_COORDINATOR", url)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
+    cli_as(url, token_for(url, false).as_deref(), args)
 }
 
 /// Runs a client command that must succeed; returns its stdout.
@@ -391,15 +451,23 @@ pub fn eventually(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
 
 /// A plain HTTP GET on loopback; returns (status line, body).
 pub fn http_get(url: &str) -> (String, String) {
+    http_get_as(url, None)
+}
+
+/// A plain HTTP GET on loopback with a bearer token; returns (status line, body).
+pub fn http_get_as(url: &str, token: Option<&str>) -> (String, String) {
     use std::io::{Read, Write};
     let rest = url.strip_prefix("http://").expect("an http:// URL");
     let (host, path) = rest
         .split_once('/')
         .map_or((rest, "/".to_string()), |(h, p)| (h, format!("/{p}")));
     let mut s = std::net::TcpStream::connect(host).unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n"
     )
     .unwrap();
     let mut text = String::new();
@@ -428,6 +496,7 @@ pub fn worker_with(url: &str, dir: &Path, name: &str, extra: &[&str]) -> Proc {
         ])
         .arg(&cache)
         .args(extra)
+        .env("TESSERA_TOKEN", token_for(url, true).unwrap_or_default())
         .stdout(std::fs::File::create(dir.join(format!("worker-{name}.out"))).unwrap())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()

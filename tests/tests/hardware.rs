@@ -252,7 +252,10 @@ fn a_hot_gpu_drains_its_worker_until_it_cools_and_metrics_show_it() {
     );
 
     let metrics_url = coord.metrics.clone().unwrap();
-    let (status_line, body) = http_get(&metrics_url);
+    let (refused, _) = http_get(&metrics_url);
+    assert!(refused.contains("401"), "metrics need a token: {refused}");
+    let token = coord.admin_token();
+    let (status_line, body) = http_get_as(&metrics_url, Some(&token));
     assert!(status_line.contains("200"), "{status_line}");
     let samples = parse_prometheus(&body);
     assert_eq!(
@@ -303,7 +306,7 @@ fn a_hot_gpu_drains_its_worker_until_it_cools_and_metrics_show_it() {
         "rising ECC errors drain the worker"
     );
 
-    let (_, body) = http_get(&metrics_url);
+    let (_, body) = http_get_as(&metrics_url, Some(&token));
     let samples = parse_prometheus(&body);
     for series in [
         r#"tessera_tasks{state="done"}"#,

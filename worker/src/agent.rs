@@ -25,8 +25,8 @@ use crate::transfer;
 
 /// How a worker runs.
 pub struct WorkerConfig {
-    /// The coordinator's URL.
-    pub coordinator: String,
+    /// How to reach the coordinator.
+    pub access: Access,
     /// Name shown in `tessera workers`.
     pub name: String,
     /// Scene cache and scratch space.
@@ -66,20 +66,70 @@ pub struct HardwareConfig {
 impl std::fmt::Debug for WorkerConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WorkerConfig")
-            .field("coordinator", &self.coordinator)
+            .field("coordinator", &self.access.url)
             .field("name", &self.name)
             .field("slots", &self.slots)
             .finish_non_exhaustive()
     }
 }
 
+/// How to reach a coordinator: its URL, a bearer token, and for `https://`
+/// URLs the CA certificate (PEM) that signed the coordinator's certificate.
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    /// `http://host:port` or `https://host:port`.
+    pub url: String,
+    /// The bearer token, if any.
+    pub token: Option<String>,
+    /// CA certificate (PEM) for TLS.
+    pub ca: Option<Vec<u8>>,
+}
+
+/// Adds `authorization: Bearer <token>` to every call.
+#[derive(Clone)]
+pub struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// A connection to a coordinator, with its token.
+pub type Conn = tonic::service::interceptor::InterceptedService<Channel, Bearer>;
+
 /// Connects lazily: the channel reconnects by itself after the coordinator restarts.
-pub fn channel(url: &str) -> Result<Channel, Error> {
-    let endpoint = Endpoint::from_shared(url.to_string())
-        .map_err(|_| Error::Address(url.to_string()))?
+pub fn channel(access: &Access) -> Result<Conn, Error> {
+    let url = &access.url;
+    let mut endpoint = Endpoint::from_shared(url.clone())
+        .map_err(|_| Error::Address(url.clone()))?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true);
-    Ok(endpoint.connect_lazy())
+    if url.starts_with("https://") {
+        let ca = access.ca.as_ref().ok_or_else(|| {
+            Error::Tls(format!(
+                "{url} uses TLS; pass --ca with the certificate that signed the coordinator's"
+            ))
+        })?;
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(ca));
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|e| Error::Tls(e.to_string()))?;
+    }
+    let bearer = match &access.token {
+        Some(t) => Some(format!("Bearer {}", t.trim()).parse().map_err(|_| {
+            Error::Tls("the token has characters a header cannot carry; copy it again".into())
+        })?),
+        None => None,
+    };
+    Ok(tonic::service::interceptor::InterceptedService::new(
+        endpoint.connect_lazy(),
+        Bearer(bearer),
+    ))
 }
 
 /// Whether an error may go away by itself (coordinator down or restarting).
@@ -128,7 +178,7 @@ struct Shared<R> {
     changed: std::sync::Mutex<Vec<u32>>,
     renderer: R,
     cache: SceneCache,
-    channel: Channel,
+    channel: Conn,
     worker_id: RwLock<String>,
     ttl_ms: AtomicU32,
 }
@@ -140,7 +190,7 @@ pub async fn run<R: Renderer>(
     renderer: R,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), Error> {
-    let channel = channel(&config.coordinator)?;
+    let channel = channel(&config.access)?;
     let cache = SceneCache::open(&config.cache)?;
     let plans = std::sync::Mutex::new(config.slots.clone());
     let shared = Arc::new(Shared {
@@ -218,7 +268,7 @@ async fn register<R: Renderer>(
         match client.register(info.clone()).await {
             Ok(r) => {
                 let r = r.into_inner();
-                tracing::info!(worker = %r.worker_id, coordinator = %shared.config.coordinator, "registered");
+                tracing::info!(worker = %r.worker_id, coordinator = %shared.config.access.url, "registered");
                 *shared.worker_id.write().await = r.worker_id;
                 shared
                     .ttl_ms
@@ -228,7 +278,7 @@ async fn register<R: Renderer>(
             Err(s) if transient(&s) && !*shutdown.borrow() => {
                 tracing::warn!(
                     "cannot reach the coordinator at {}: {}; retrying",
-                    shared.config.coordinator,
+                    shared.config.access.url,
                     s.message()
                 );
                 tokio::time::sleep(delay).await;

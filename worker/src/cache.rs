@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::agent::Conn;
 use tessera_proto as pb;
-use tonic::transport::Channel;
 
 use crate::error::Error;
 
@@ -76,7 +76,7 @@ impl SceneCache {
     pub async fn scene(
         &self,
         digest: &str,
-        blobs: &mut pb::blobs_client::BlobsClient<Channel>,
+        blobs: &mut pb::blobs_client::BlobsClient<Conn>,
     ) -> Result<PathBuf, Error> {
         let expected = blake3::Hash::from_hex(digest).map_err(|_| Error::Corrupt {
             expected: digest.to_string(),

@@ -17,6 +17,9 @@ pub enum Error {
     /// The coordinator address is unusable.
     #[error("bad coordinator address `{0}`; use a URL like http://127.0.0.1:7878")]
     Address(String),
+    /// TLS or token set-up is wrong.
+    #[error("cannot connect securely: {0}")]
+    Tls(String),
     /// A downloaded blob did not match its digest.
     #[error("blob {expected} arrived corrupted (hashed to {got})")]
     Corrupt {

@@ -4,9 +4,9 @@
 
 use std::path::Path;
 
+use crate::agent::Conn;
 use tessera_proto as pb;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tonic::transport::Channel;
 
 use crate::error::Error;
 
@@ -31,7 +31,7 @@ pub async fn hash_file(path: &Path) -> Result<(String, u64), Error> {
 /// Uploads `path` unless the coordinator already has `digest`. Returns the
 /// number of bytes sent (0 when it was already there).
 pub async fn upload_file(
-    blobs: &mut pb::blobs_client::BlobsClient<Channel>,
+    blobs: &mut pb::blobs_client::BlobsClient<Conn>,
     path: &Path,
     digest: &str,
     size: u64,
@@ -91,7 +91,7 @@ pub async fn upload_file(
 /// Downloads blob `digest` to `dest` (written to a temporary file beside it,
 /// verified, then renamed).
 pub async fn download_file(
-    blobs: &mut pb::blobs_client::BlobsClient<Channel>,
+    blobs: &mut pb::blobs_client::BlobsClient<Conn>,
     digest: &str,
     dest: &Path,
 ) -> Result<u64, Error> {
