@@ -58,14 +58,20 @@ impl Client {
 
 /// Checks that `path` is a Blender file, by its header.
 pub fn check_scene(path: &Path) -> Result<()> {
-    use std::io::Read;
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path)
+        .with_context(|| format!("cannot open scene {}", path.display()))?;
     let mut head = Vec::with_capacity(12);
-    std::fs::File::open(path)
-        .with_context(|| format!("cannot open scene {}", path.display()))?
+    (&mut file)
         .take(12)
         .read_to_end(&mut head)
         .with_context(|| format!("cannot read scene {}", path.display()))?;
-    blendfile::sniff(&head).map_err(|e| anyhow!("{} {e}", path.display()))?;
+    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut tail = Vec::with_capacity(blendfile::TAIL);
+    file.seek(SeekFrom::Start(size.saturating_sub(blendfile::TAIL as u64)))
+        .and_then(|_| file.read_to_end(&mut tail))
+        .with_context(|| format!("cannot read scene {}", path.display()))?;
+    blendfile::check_end(&head, &tail).map_err(|e| anyhow!("{} {e}", path.display()))?;
     Ok(())
 }
 

@@ -246,7 +246,7 @@ struct JobArgs {
     #[arg(long, default_value = "any")]
     device: String,
     /// Least GPU memory a slot must have, in GB (GiB).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     min_vram: f64,
     /// A tag the rendering workers must carry (repeatable).
     #[arg(long)]

@@ -57,6 +57,7 @@ pub fn job_json(j: &pb::JobView) -> Value {
         "tasks_failed": j.tasks_failed,
         "message": j.message,
         "waiting": j.waiting,
+        "owner": j.owner,
         "device": j.device,
         "min_vram_gb": j.min_vram_gb,
         "tags": j.tags,

@@ -21,6 +21,28 @@ pub enum NotBlend {
     /// A header that is not Blender's.
     #[error("is not a Blender file (bad header); re-save it in Blender as a .blend file")]
     BadHeader,
+    /// A plain .blend without its closing `ENDB` block: cut short.
+    #[error("is truncated (no ENDB block at its end); copy or save it again")]
+    Truncated,
+}
+
+/// Bytes of the file's end that [`check_end`] needs.
+pub const TAIL: usize = 24;
+
+/// Checks that a plain `.blend` ends with its `ENDB` block, given the file's
+/// first bytes and its last [`TAIL`] bytes (or fewer, for a tiny file).
+/// Compressed files are not checked here (their end is compressed too).
+pub fn check_end(head: &[u8], tail: &[u8]) -> Result<(), NotBlend> {
+    if sniff(head)? != BlendKind::Plain {
+        return Ok(());
+    }
+    // The ENDB block header is code (4), length (4), old pointer (4 or 8),
+    // SDNA index (4) and count (4): 24 bytes with 8-byte pointers, 20 with 4.
+    let header = if head[7] == b'-' { 24 } else { 20 };
+    if tail.len() < header || &tail[tail.len() - header..tail.len() - header + 4] != b"ENDB" {
+        return Err(NotBlend::Truncated);
+    }
+    Ok(())
 }
 
 /// Looks at the first bytes of a file (12 are enough) and says what it is.
@@ -68,5 +90,25 @@ mod tests {
         assert!(NotBlend::BadHeader
             .to_string()
             .contains("re-save it in Blender"));
+    }
+
+    #[test]
+    fn the_end_block() {
+        let head = b"BLENDER-v304";
+        let mut whole = b"....ENDB".to_vec();
+        whole.extend_from_slice(&[0; 20]);
+        assert_eq!(check_end(head, &whole[whole.len() - TAIL..]), Ok(()));
+        assert_eq!(
+            check_end(head, &whole[..whole.len() - 1]),
+            Err(NotBlend::Truncated)
+        );
+        assert_eq!(check_end(head, b"ENDB"), Err(NotBlend::Truncated));
+        let mut small = b"ENDB".to_vec();
+        small.extend_from_slice(&[0; 16]);
+        assert_eq!(check_end(b"BLENDER_v279", &small), Ok(()));
+        assert_eq!(
+            check_end(&[0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0, 0, 0, 0, 0, 0], b""),
+            Ok(())
+        );
     }
 }

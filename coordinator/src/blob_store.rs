@@ -150,7 +150,7 @@ impl BlobStore for FsBlobStore {
     fn writer(&self, digest: Digest, size: u64) -> Result<Box<dyn BlobWriter>, Error> {
         if size > self.max_blob {
             return Err(Error::invalid(format!(
-                "blob of {size} bytes is over the coordinator's upload limit of {} bytes; raise --max-upload or make the scene smaller",
+                "blob of {size} bytes is over the coordinator's upload limit of {} bytes; make the scene smaller or raise the coordinator's --max-upload-mib",
                 self.max_blob
             )));
         }

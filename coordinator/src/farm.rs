@@ -339,7 +339,12 @@ impl Farm {
             )));
         }
         let head = self.blobs.read_range(&sub.scene, 0, 12)?;
-        if let Err(e) = crate::blendfile::sniff(&head) {
+        let size = self.blobs.size(&sub.scene).unwrap_or(0);
+        let tail_at = size.saturating_sub(crate::blendfile::TAIL as u64);
+        let tail = self
+            .blobs
+            .read_range(&sub.scene, tail_at, crate::blendfile::TAIL)?;
+        if let Err(e) = crate::blendfile::check_end(&head, &tail) {
             return Err(Error::invalid(format!("scene {} {e}", sub.scene_name)));
         }
         let chunk = if sub.chunk == 0 { 1 } else { sub.chunk };
@@ -1445,8 +1450,9 @@ mod tests {
         let clock = Arc::new(ManualClock::at(1_000_000));
         let store = Arc::new(MemoryStore::default());
         let blobs = Arc::new(MemoryBlobStore::default());
-        let scene = Digest::of(b"BLENDER-v304 scene");
-        blobs.put(scene, b"BLENDER-v304 scene").unwrap();
+        let bytes = b"BLENDER-v304 scene ... ENDB\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0";
+        let scene = Digest::of(bytes);
+        blobs.put(scene, bytes).unwrap();
         let farm = Farm::open(store.clone(), blobs.clone(), clock.clone(), config()).unwrap();
         Fixture {
             farm,

@@ -1,10 +1,11 @@
 //! `blendfile::sniff` on arbitrary bytes: it never panics, and it accepts
-//! exactly the documented headers.
+//! exactly the documented headers. `blendfile::check_end` on the same bytes,
+//! split into a head and a tail, never panics either.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tessera_coordinator::blendfile::{sniff, BlendKind, NotBlend};
+use tessera_coordinator::blendfile::{check_end, sniff, BlendKind, NotBlend, TAIL};
 
 fuzz_target!(|data: &[u8]| {
     let result = sniff(data);
@@ -27,6 +28,7 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(n, data.len());
             assert!(n < 12);
         }
+        Err(NotBlend::Truncated) => panic!("sniff reported Truncated; only check_end may"),
         Err(NotBlend::BadHeader) => {
             // Refused, so it must not carry any documented header.
             assert!(data.len() >= 12);
@@ -47,5 +49,16 @@ fuzz_target!(|data: &[u8]| {
     // The messages render (they are shown to users).
     if let Err(e) = result {
         assert!(!e.to_string().is_empty());
+    }
+
+    // The first byte splits the rest into a head and a file end.
+    if let Some((&cut, rest)) = data.split_first() {
+        let (head, end) = rest.split_at(usize::from(cut).min(rest.len()));
+        let tail = &end[end.len().saturating_sub(TAIL)..];
+        match check_end(head, tail) {
+            Ok(()) => {}
+            Err(NotBlend::Truncated) => assert_eq!(sniff(head), Ok(BlendKind::Plain)),
+            Err(e) => assert_eq!(sniff(head), Err(e)),
+        }
     }
 });

@@ -199,10 +199,23 @@ impl Coordinator {
     pub fn start(data: &Path, listen: &str, extra: &[&str]) -> Self {
         let log = data.with_extension(format!("coordinator-{}.log", unique()));
         std::fs::create_dir_all(data).unwrap();
+        // `--tls-ca-for-tests CA` is the harness's own (the CA clients
+        // trust); it is not passed on.
+        let mut passed: Vec<&str> = Vec::new();
+        let mut skip = false;
+        for (i, a) in extra.iter().enumerate() {
+            if skip {
+                skip = false;
+            } else if *a == "--tls-ca-for-tests" {
+                skip = i + 1 < extra.len();
+            } else {
+                passed.push(a);
+            }
+        }
         let mut child = Command::new(tessera())
             .args(["coordinator", "--listen", listen, "--data"])
             .arg(data)
-            .args(extra)
+            .args(&passed)
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -228,7 +241,18 @@ impl Coordinator {
                 )
             })
             .to_string();
-        let url = format!("http://{addr}");
+        // With TLS, clients must name the host the certificate was made for.
+        let tls_cert = extra
+            .iter()
+            .position(|a| *a == "--tls-ca-for-tests")
+            .map(|i| std::path::PathBuf::from(extra[i + 1]));
+        let url = match &tls_cert {
+            Some(_) => format!("https://localhost:{}", addr.rsplit(':').next().unwrap()),
+            None => format!("http://{addr}"),
+        };
+        if let Some(cert) = &tls_cert {
+            cas().lock().unwrap().insert(url.clone(), cert.clone());
+        }
         let admin = std::fs::read_to_string(data.join("admin.token"))
             .expect("the coordinator writes its admin token on first start")
             .trim()
@@ -242,12 +266,14 @@ impl Coordinator {
                     .args(["users", "add", "workers", "--role", "worker"])
                     .env("TESSERA_COORDINATOR", &url)
                     .env("TESSERA_TOKEN", &admin)
+                    .envs(tls_cert.iter().map(|c| ("TESSERA_CA", c)))
                     .output()
                     .unwrap();
                 assert!(
                     out.status.success(),
-                    "users add: {}",
-                    String::from_utf8_lossy(&out.stderr)
+                    "users add: {}\ncoordinator log:\n{}",
+                    String::from_utf8_lossy(&out.stderr),
+                    std::fs::read_to_string(&log).unwrap_or_default()
                 );
                 let t = String::from_utf8(out.stdout).unwrap().trim().to_string();
                 std::fs::write(&worker_file, &t).unwrap();
@@ -270,6 +296,13 @@ impl Coordinator {
     pub fn admin_token(&self) -> String {
         tokens().lock().unwrap()[&self.url].0.clone()
     }
+}
+
+/// CA certificates of the TLS coordinators started by this process, by URL.
+fn cas() -> &'static Mutex<std::collections::HashMap<String, std::path::PathBuf>> {
+    static CAS: OnceLock<Mutex<std::collections::HashMap<String, std::path::PathBuf>>> =
+        OnceLock::new();
+    CAS.get_or_init(Default::default)
 }
 
 /// Tokens of the coordinators started by this process, by URL: (admin, worker).
@@ -297,6 +330,9 @@ pub fn cli_as(url: &str, token: Option<&str>, args: &[&str]) -> Output {
         .stdin(Stdio::null());
     if let Some(t) = token {
         cmd.env("TESSERA_TOKEN", t);
+    }
+    if let Some(ca) = cas().lock().unwrap().get(url) {
+        cmd.env("TESSERA_CA", ca);
     }
     cmd.output().unwrap()
 }
@@ -327,6 +363,13 @@ pub fn worker(url: &str, dir: &Path, name: &str) -> Proc {
         ])
         .arg(&cache)
         .env("TESSERA_TOKEN", token_for(url, true).unwrap_or_default())
+        .envs(
+            cas()
+                .lock()
+                .unwrap()
+                .get(url)
+                .map(|c| ("TESSERA_CA", c.clone())),
+        )
         .stdout(std::fs::File::create(dir.join(format!("worker-{name}.out"))).unwrap())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
@@ -497,6 +540,13 @@ pub fn worker_with(url: &str, dir: &Path, name: &str, extra: &[&str]) -> Proc {
         .arg(&cache)
         .args(extra)
         .env("TESSERA_TOKEN", token_for(url, true).unwrap_or_default())
+        .envs(
+            cas()
+                .lock()
+                .unwrap()
+                .get(url)
+                .map(|c| ("TESSERA_CA", c.clone())),
+        )
         .stdout(std::fs::File::create(dir.join(format!("worker-{name}.out"))).unwrap())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
