@@ -46,7 +46,9 @@ impl FromStr for Digest {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || BadDigest(s.chars().take(80).collect());
-        if s.len() != 64 || !s.is_ascii() {
+        // Hex digits only: `from_str_radix` alone would take `+f` as 15, so
+        // two spellings would name one blob.
+        if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(bad());
         }
         let mut out = [0u8; 32];
@@ -82,5 +84,18 @@ mod tests {
         assert!("zz".parse::<Digest>().is_err());
         assert!("g".repeat(64).parse::<Digest>().is_err());
         assert!("é".repeat(32).parse::<Digest>().is_err());
+    }
+
+    #[test]
+    fn a_sign_is_not_a_hex_digit() {
+        // Found by the `requests` fuzz target: `+1` parsed as the byte 0x01.
+        let s = "af1349b9f5f9+1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262";
+        assert!(s.parse::<Digest>().is_err());
+        assert!("+f".repeat(32).parse::<Digest>().is_err());
+        let upper = "AF1349B9F5F901A6A0404DEA36DCC9499BCB25C9ADC112B7CC9A93CAE41F3262";
+        assert_eq!(
+            upper.parse::<Digest>().unwrap().to_hex(),
+            upper.to_lowercase()
+        );
     }
 }
