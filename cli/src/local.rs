@@ -22,9 +22,13 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         .data
         .clone()
         .unwrap_or_else(|| scratch.path().join("data"));
-    let coord =
-        tessera_coordinator::Coordinator::open(&data, tessera_coordinator::Config::default())
-            .with_context(|| format!("cannot open the data directory {}", data.display()))?;
+    // A private farm on loopback for this process alone: no tokens to set up.
+    let config = tessera_coordinator::Config {
+        auth: false,
+        ..tessera_coordinator::Config::default()
+    };
+    let coord = tessera_coordinator::Coordinator::open(&data, config)
+        .with_context(|| format!("cannot open the data directory {}", data.display()))?;
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .context("cannot open a local port")?;

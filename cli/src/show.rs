@@ -253,11 +253,17 @@ pub fn job(j: &pb::JobView) {
                 .chars()
                 .take(80)
                 .collect::<String>();
+            let progress = if t.state == pb::TaskState::Leased as i32 && t.samples_total > 0 {
+                format!("{}/{} samples", t.samples_done, t.samples_total)
+            } else {
+                String::new()
+            };
             vec![
                 t.index.to_string(),
                 frames,
                 task_state(t.state),
                 t.worker_id.clone(),
+                progress,
                 t.attempts.to_string(),
                 first_line,
             ]
@@ -269,6 +275,7 @@ pub fn job(j: &pb::JobView) {
             "FRAMES",
             "STATE",
             "WORKER",
+            "PROGRESS",
             "FAILURES",
             "LAST ERROR",
         ],

@@ -563,3 +563,13 @@ pub fn workers_by_name(url: &str) -> std::collections::HashMap<String, serde_jso
         .map(|w| (w["name"].as_str().unwrap().to_string(), w.clone()))
         .collect()
 }
+
+/// `tessera submit SCENE ARGS...` as the admin; returns the job id.
+pub fn submit(url: &str, scene: &Path, args: &[&str]) -> u64 {
+    let mut all = vec!["submit", scene.to_str().unwrap()];
+    all.extend_from_slice(args);
+    cli_ok(url, &all)
+        .trim()
+        .parse()
+        .expect("submit prints the job id")
+}

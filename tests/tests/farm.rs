@@ -7,15 +7,6 @@ use tessera_tests::*;
 
 const LONG: Duration = Duration::from_secs(180);
 
-fn submit(url: &str, scene: &Path, args: &[&str]) -> u64 {
-    let mut all = vec!["submit", scene.to_str().unwrap()];
-    all.extend_from_slice(args);
-    cli_ok(url, &all)
-        .trim()
-        .parse()
-        .expect("submit prints the job id")
-}
-
 fn frames_of(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
@@ -321,4 +312,51 @@ fn bad_input_gets_a_clear_error_and_a_non_zero_exit() {
     assert_eq!(cli_ok(&coord.url, &["jobs", "--json"]).trim(), "[]");
     let unreachable = cli("http://127.0.0.1:1", &["jobs"]);
     assert!(String::from_utf8_lossy(&unreachable.stderr).contains("cannot reach the coordinator"));
+}
+
+#[test]
+fn render_runs_a_private_farm_with_no_set_up() {
+    // The README's first command: no coordinator, no token, no worker to start.
+    let scene = scene(&[
+        "--kind",
+        "anim",
+        "--width",
+        "64",
+        "--height",
+        "48",
+        "--samples",
+        "8",
+        "--frames",
+        "3",
+    ]);
+    let dir = scratch();
+    let out = dir.path().join("out");
+    let run = std::process::Command::new(tessera())
+        .args([
+            "render",
+            scene.to_str().unwrap(),
+            "--workers",
+            "2",
+            "--tiles",
+            "2x1",
+            "-o",
+        ])
+        .arg(&out)
+        .env_remove("TESSERA_TOKEN")
+        .env_remove("TESSERA_COORDINATOR")
+        .env("XDG_CONFIG_HOME", dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert_eq!(
+        frames_of(&out),
+        vec!["frame_0001.png", "frame_0002.png", "frame_0003.png"]
+    );
+    let refs = dir.path().join("refs");
+    reference(&scene, 1, 3, &refs);
+    assert_matches_reference(&out, &refs, 1..=3);
 }

@@ -5,21 +5,11 @@
 //! GPUs other than lavapipe are declared with the test-only `--fake-gpu`
 //! flag: such a slot is matched as that GPU but renders on the CPU.
 
-use std::path::Path;
 use std::time::Duration;
 
 use tessera_tests::*;
 
 const LONG: Duration = Duration::from_secs(300);
-
-fn submit(url: &str, scene: &Path, args: &[&str]) -> u64 {
-    let mut all = vec!["submit", scene.to_str().unwrap()];
-    all.extend_from_slice(args);
-    cli_ok(url, &all)
-        .trim()
-        .parse()
-        .expect("submit prints the job id")
-}
 
 fn done(url: &str, job: u64) -> serde_json::Value {
     let v = wait_for(url, job, LONG, "the job to end", |j| {

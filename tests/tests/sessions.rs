@@ -1,21 +1,11 @@
 //! Warm Blender sessions end to end: one Blender process serves many renders
 //! of a job, with output identical to plain renders.
 
-use std::path::Path;
 use std::time::Duration;
 
 use tessera_tests::*;
 
 const LONG: Duration = Duration::from_secs(300);
-
-fn submit(url: &str, scene: &Path, args: &[&str]) -> u64 {
-    let mut all = vec!["submit", scene.to_str().unwrap()];
-    all.extend_from_slice(args);
-    cli_ok(url, &all)
-        .trim()
-        .parse()
-        .expect("submit prints the job id")
-}
 
 #[test]
 fn one_session_renders_frames_and_tiles_of_a_job_in_one_process_exactly() {

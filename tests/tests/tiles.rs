@@ -8,15 +8,6 @@ use tessera_tests::*;
 
 const LONG: Duration = Duration::from_secs(300);
 
-fn submit(url: &str, scene: &Path, args: &[&str]) -> u64 {
-    let mut all = vec!["submit", scene.to_str().unwrap()];
-    all.extend_from_slice(args);
-    cli_ok(url, &all)
-        .trim()
-        .parse()
-        .expect("submit prints the job id")
-}
-
 /// A farm of a coordinator and two workers.
 struct Farm {
     dir: tempfile::TempDir,
