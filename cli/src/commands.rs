@@ -288,6 +288,14 @@ async fn coordinator(args: CoordinatorArgs) -> Result<()> {
         ),
         None => None,
     };
+    if let Some(h) = &http {
+        let h = h.local_addr()?;
+        if !h.ip().is_loopback() && !args.allow_plaintext {
+            bail!(
+                "--http {h} is reachable from other machines and serves plain HTTP, so metrics tokens would travel unencrypted; bind it to loopback (put a TLS proxy in front) or pass --allow-plaintext"
+            );
+        }
+    }
     // Scripts and tests read these lines to learn the ports when they end in :0.
     println!("tessera coordinator listening on {addr}");
     if let Some(h) = &http {
