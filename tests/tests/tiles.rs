@@ -161,6 +161,27 @@ fn an_odd_size_in_an_uneven_grid_stitches_exactly() {
     let (w, h, _, _) = png_pixels(&out.join("frame_0001.png"));
     assert_eq!((w, h), (160, 119));
     assert_same_pixels(&out.join("frame_0001.png"), &refs.join("ref_0001.png"));
+
+    // The full 321x239: 4x3 tiles of 80-81 x 79-80 px, odd in both directions.
+    let full = tessera_tests::scene(&[
+        "--kind",
+        "still",
+        "--width",
+        "321",
+        "--height",
+        "239",
+        "--samples",
+        "16",
+        "--adaptive",
+        "--frames",
+        "1",
+    ]);
+    let out = render_tiled(&f, &full, "1", "4x3");
+    let refs = f.dir.path().join("refs-full");
+    reference(&full, 1, 1, &refs);
+    let (w, h, _, _) = png_pixels(&out.join("frame_0001.png"));
+    assert_eq!((w, h), (321, 239));
+    assert_same_pixels(&out.join("frame_0001.png"), &refs.join("ref_0001.png"));
 }
 
 #[test]
