@@ -679,29 +679,14 @@ impl Farm {
     /// Cancels a job: its queued and running tasks stop.
     pub fn cancel(&self, id: JobId) -> Result<JobSnapshot, Error> {
         let now = self.clock.now_ms();
-        let mut st = self.lock();
-        let State { jobs, tasks, .. } = &mut *st;
-        let job = jobs
-            .get_mut(&id)
-            .ok_or_else(|| Error::NotFound(format!("job {id}")))?;
-        let mut new_job = job.clone();
-        new_job.cancel(now)?;
-        let mut new_tasks = tasks.get(&id).cloned().unwrap_or_default();
-        new_tasks.iter_mut().for_each(Task::cancel);
-        let mut records: Vec<Record<'_>> = new_tasks.iter().map(Record::Task).collect();
-        records.push(Record::Job(&new_job));
-        self.store.write(&records)?;
+        // `change` wakes lease calls, so workers holding this job warm hear of it now.
+        let snap = self.change(id, |job, tasks| {
+            job.cancel(now)?;
+            tasks.iter_mut().for_each(Task::cancel);
+            Ok(())
+        })?;
         tracing::info!(job = %id, "job canceled");
-        *job = new_job.clone();
-        tasks.insert(id, new_tasks.clone());
-        drop(st);
-        // Wake lease calls so that workers holding this job warm hear of it now.
-        self.queued.notify_waiters();
-        Ok(JobSnapshot {
-            job: new_job,
-            tasks: new_tasks,
-            waiting: None,
-        })
+        Ok(snap)
     }
 
     /// Registers a worker (or welcomes one back) and returns its id and the lease TTL.

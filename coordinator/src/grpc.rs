@@ -107,6 +107,13 @@ impl FarmService {
     pub fn new(farm: Arc<Farm>) -> Self {
         Self { farm }
     }
+
+    /// The job a request names, once the caller may see it.
+    fn owned(&self, req: &Request<pb::JobRef>) -> Result<crate::job::JobId, Status> {
+        let id = job_id(req.get_ref());
+        self.farm.check_owner(id, &who(req)?)?;
+        Ok(id)
+    }
 }
 
 impl WorkService {
@@ -217,8 +224,7 @@ impl pb::farm_server::Farm for FarmService {
     }
 
     async fn get_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
-        let id = job_id(req.get_ref());
-        self.farm.check_owner(id, &who(&req)?)?;
+        let id = self.owned(&req)?;
         let snap = self.farm.job(id)?;
         Ok(Response::new((&snap).into()))
     }
@@ -239,26 +245,22 @@ impl pb::farm_server::Farm for FarmService {
     }
 
     async fn cancel_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
-        let id = job_id(req.get_ref());
-        self.farm.check_owner(id, &who(&req)?)?;
+        let id = self.owned(&req)?;
         Ok(Response::new((&self.farm.cancel(id)?).into()))
     }
 
     async fn pause_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
-        let id = job_id(req.get_ref());
-        self.farm.check_owner(id, &who(&req)?)?;
+        let id = self.owned(&req)?;
         Ok(Response::new((&self.farm.pause(id)?).into()))
     }
 
     async fn resume_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
-        let id = job_id(req.get_ref());
-        self.farm.check_owner(id, &who(&req)?)?;
+        let id = self.owned(&req)?;
         Ok(Response::new((&self.farm.resume(id)?).into()))
     }
 
     async fn retry_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
-        let id = job_id(req.get_ref());
-        self.farm.check_owner(id, &who(&req)?)?;
+        let id = self.owned(&req)?;
         Ok(Response::new((&self.farm.retry(id)?).into()))
     }
 
