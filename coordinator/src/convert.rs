@@ -70,6 +70,7 @@ impl TryFrom<pb::FrameOutput> for FrameOutput {
             digest: digest("digest", &o.digest)?,
             ext: o.ext,
             size: o.size,
+            pass: o.pass,
         })
     }
 }
@@ -81,6 +82,7 @@ impl From<&FrameOutput> for pb::FrameOutput {
             digest: o.digest.to_hex(),
             ext: o.ext.clone(),
             size: o.size,
+            pass: o.pass.clone(),
         }
     }
 }

@@ -1062,6 +1062,7 @@ impl Farm {
                     digest,
                     ext: ext.to_string(),
                     size: bytes.len() as u64,
+                    pass: String::new(),
                 })
             }
             Err(e) => Err(e),
@@ -1499,6 +1500,7 @@ mod tests {
             digest,
             ext: "png".into(),
             size: bytes.len() as u64,
+            pass: String::new(),
         }
     }
 

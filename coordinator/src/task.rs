@@ -72,6 +72,10 @@ pub struct FrameOutput {
     pub ext: String,
     /// Size in bytes.
     pub size: u64,
+    /// Empty for the frame itself; for an extra output (a File Output
+    /// node's pass), its file name relative to the task's output folder.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pass: String,
 }
 
 /// Where a task is in its life.
@@ -390,6 +394,7 @@ mod tests {
             digest: Digest::of(&frame.to_le_bytes()),
             ext: "png".into(),
             size: 4,
+            pass: String::new(),
         }
     }
 

@@ -451,6 +451,7 @@ async fn run_task<R: Renderer>(
                 reason,
                 log_tail,
                 permanent,
+                scope: 0,
             };
             if let Err(s) = retry("reporting a failure", RESULT_PATIENCE, || {
                 let (mut c, r) = (client.clone(), req.clone());
@@ -568,6 +569,7 @@ async fn execute<R: Renderer>(
             digest,
             ext: f.ext,
             size,
+            pass: String::new(),
         });
     }
     Ok(outputs)
