@@ -7,7 +7,7 @@ use crate::error::Error;
 use crate::farm::{Assignment, JobSnapshot, Registration, SceneInfo, Submission, WorkerSnapshot};
 use crate::hardware::{Device, Gpu, SlotCap, Telemetry};
 use crate::job::{JobId, JobState};
-use crate::task::{FrameOutput, TaskState};
+use crate::task::{FailureScope, FrameOutput, TaskState};
 use crate::worker::WorkerId;
 
 /// Parses a digest field, naming the field on error.
@@ -301,4 +301,16 @@ impl From<&Gpu> for pb::Gpu {
 /// A job id from a request.
 pub fn job_id(r: &pb::JobRef) -> JobId {
     JobId(r.job_id)
+}
+
+/// The failure scope a worker reported; an unset scope falls back to the
+/// older `permanent` flag.
+pub fn failure_scope(scope: i32, permanent: bool) -> FailureScope {
+    match pb::FailureScope::try_from(scope).unwrap_or(pb::FailureScope::Unspecified) {
+        pb::FailureScope::Transient => FailureScope::Transient,
+        pb::FailureScope::Machine => FailureScope::Machine,
+        pb::FailureScope::Everywhere => FailureScope::Everywhere,
+        pb::FailureScope::Unspecified if permanent => FailureScope::Everywhere,
+        pb::FailureScope::Unspecified => FailureScope::Transient,
+    }
 }

@@ -21,7 +21,7 @@ use crate::frames::FrameSet;
 use crate::hardware::{Device, Gpu, Health, HealthLimits, Requirements, SlotCap};
 use crate::job::{Job, JobId, JobState};
 use crate::store::{MetaStore, Record};
-use crate::task::{Completion, FailOutcome, FrameOutput, LeaseId, Task, TaskState, TileTask};
+use crate::task::{Completion, FailOutcome, FailureScope, FrameOutput, LeaseId, Task, TaskState, TileTask};
 use crate::tiles::{self, Grid, Rect};
 use crate::worker::{WorkerId, WorkerRecord};
 
@@ -1178,8 +1178,9 @@ impl Farm {
         lease: LeaseId,
         reason: &str,
         log_tail: &str,
-        permanent: bool,
+        scope: FailureScope,
     ) -> Result<FailOutcome, Error> {
+        let permanent = scope == FailureScope::Everywhere;
         let reason: String = reason.chars().take(2000).collect();
         let tail: String = {
             let chars: Vec<char> = log_tail.chars().collect();
@@ -1587,7 +1588,7 @@ mod tests {
         let b = worker(&f.farm, "b");
         let l = f.farm.try_lease(&a, &HashSet::new()).unwrap().unwrap();
         assert_eq!(
-            f.farm.fail(l.lease, "Error: boom", "log", false).unwrap(),
+            f.farm.fail(l.lease, "Error: boom", "log", FailureScope::Transient).unwrap(),
             FailOutcome::Retry
         );
         // Worker a gets the other task, not the one it failed.
@@ -1598,7 +1599,7 @@ mod tests {
         assert_eq!(retry.attempt, 2);
         assert_eq!(
             f.farm
-                .fail(retry.lease, "Error: boom", "the tail", false)
+                .fail(retry.lease, "Error: boom", "the tail", FailureScope::Transient)
                 .unwrap(),
             FailOutcome::Failed
         );
@@ -1823,7 +1824,7 @@ mod tests {
         while failed < 3 {
             let a = f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
             if a.lease.job == job {
-                f.farm.fail(a.lease, "Error: boom", "", false).unwrap();
+                f.farm.fail(a.lease, "Error: boom", "", FailureScope::Transient).unwrap();
                 failed += 1;
             } else {
                 f.farm.complete(a.lease, vec![output(&f, 1)]).unwrap();

@@ -385,7 +385,7 @@ impl pb::work_server::Work for WorkService {
             lease(&req.lease_id)?,
             &req.reason,
             &req.log_tail,
-            req.permanent,
+            crate::convert::failure_scope(req.scope, req.permanent),
         )?;
         Ok(Response::new(pb::Ack {}))
     }

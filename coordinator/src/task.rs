@@ -118,6 +118,21 @@ pub enum Completion {
     Duplicate,
 }
 
+/// Who could render a task that failed, in the reporting worker's judgement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailureScope {
+    /// A passing fault: retry anywhere, this worker included.
+    #[default]
+    Transient,
+    /// Only this machine has the problem (a missing mount, out of memory):
+    /// the job fails for good only when a second worker agrees, or when no
+    /// other worker could take the task.
+    Machine,
+    /// No worker can fix it (the build lacks a feature, a Python error in the
+    /// scene, a result refused for good): the job fails now.
+    Everywhere,
+}
+
 /// What a failure did to the task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailOutcome {
