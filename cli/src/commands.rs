@@ -244,6 +244,11 @@ pub fn coordinator_config(a: &CoordinatorArgs) -> Result<tessera_coordinator::Co
         block_after: a.block_after.max(1),
         auth: true,
         max_message: usize::try_from(a.max_message_mib.clamp(2, 1024) << 20).unwrap_or(usize::MAX),
+        blob_grace_ms: match a.blob_grace {
+            Some(s) if s.is_finite() && s >= 0.0 => (s * 1000.0) as u64,
+            Some(s) => bail!("--blob-grace {s} is not a number of seconds; use 0 or more"),
+            None => (a.lease_ttl * 2000.0) as u64,
+        },
     })
 }
 

@@ -136,6 +136,10 @@ struct CoordinatorArgs {
     /// Lease lifetime without renewal, in seconds.
     #[arg(long, default_value_t = 30.0)]
     lease_ttl: f64,
+    /// Seconds an unreferenced blob (a stitched frame's tile) is kept after
+    /// anyone last uploaded or asked about it (default: twice --lease-ttl).
+    #[arg(long)]
+    blob_grace: Option<f64>,
     /// Most frames in one job.
     #[arg(long, default_value_t = 100_000)]
     max_frames: u64,

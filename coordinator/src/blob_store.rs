@@ -121,12 +121,29 @@ impl BlobWriter for FsWriter {
             .sync_all()
             .map_err(|e| Error::io("cannot sync a blob to disk".into(), e))?;
         let parent = self.final_path.parent().expect("blob path has a parent");
+        let new_shard = !parent.is_dir();
         std::fs::create_dir_all(parent)
             .map_err(|e| Error::io(format!("cannot create {}", parent.display()), e))?;
+        if new_shard {
+            // The shard directory's own entry must reach the disk too.
+            sync_dir(parent.parent().expect("shard has a parent"))?;
+        }
         file.persist(&self.final_path)
             .map_err(|e| Error::io("cannot move a blob into place".into(), e.error))?;
+        // A rename is durable only once its directory is: without this, a
+        // power cut can lose a blob that was acknowledged.
+        sync_dir(parent)?;
         Ok(false)
     }
+}
+
+/// Flushes a directory's entries (new names, renames) to disk.
+fn sync_dir(dir: &Path) -> Result<(), Error> {
+    #[cfg(test)]
+    tests::DIR_SYNCS.with(|n| n.borrow_mut().push(dir.to_path_buf()));
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(format!("cannot sync directory {}", dir.display()), e))
 }
 
 impl BlobStore for FsBlobStore {
@@ -201,6 +218,15 @@ impl BlobStore for FsBlobStore {
 #[derive(Debug, Default)]
 pub struct MemoryBlobStore {
     blobs: std::sync::Arc<Mutex<HashMap<Digest, Vec<u8>>>>,
+    fail_reads: std::sync::atomic::AtomicU32,
+}
+
+impl MemoryBlobStore {
+    /// Makes the next `n` reads fail as a bad disk would.
+    pub fn fail_next_reads(&self, n: u32) {
+        self.fail_reads
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 struct MemoryWriter {
@@ -256,6 +282,17 @@ impl BlobStore for MemoryBlobStore {
     }
 
     fn read(&self, digest: &Digest) -> Result<Vec<u8>, Error> {
+        use std::sync::atomic::Ordering;
+        if self
+            .fail_reads
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(Error::io(
+                format!("cannot read blob {digest}"),
+                std::io::Error::other("injected read failure"),
+            ));
+        }
         self.blobs
             .lock()
             .unwrap()
@@ -275,6 +312,38 @@ impl BlobStore for MemoryBlobStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    thread_local! {
+        /// Directories this thread synced.
+        pub(super) static DIR_SYNCS: std::cell::RefCell<Vec<PathBuf>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    #[test]
+    fn a_new_blob_syncs_its_directory_after_the_rename() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("blobs");
+        let store = FsBlobStore::open(&root, 1 << 20).unwrap();
+        let d = Digest::of(b"durable");
+        DIR_SYNCS.with(|n| n.borrow_mut().clear());
+        store.put(d, b"durable").unwrap();
+        let shard = store.path(&d).parent().unwrap().to_path_buf();
+        let synced = DIR_SYNCS.with(|n| n.borrow().clone());
+        assert_eq!(
+            synced,
+            vec![root.clone(), shard.clone()],
+            "the new shard's parent, then the shard"
+        );
+        DIR_SYNCS.with(|n| n.borrow_mut().clear());
+        store.put(Digest::of(b"other"), b"other").unwrap();
+        let synced = DIR_SYNCS.with(|n| n.borrow().clone());
+        assert!(synced.contains(
+            &store
+                .path(&Digest::of(b"other"))
+                .parent()
+                .unwrap()
+                .to_path_buf()
+        ));
+    }
 
     fn stores() -> (tempfile::TempDir, Vec<Box<dyn BlobStore>>) {
         let dir = tempfile::tempdir().unwrap();

@@ -6,7 +6,7 @@
 //! would cost a disk flush each); instead, a restart gives every lease a fresh
 //! TTL so its holder has time to reconnect and renew it.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,10 +20,17 @@ use crate::error::Error;
 use crate::frames::FrameSet;
 use crate::hardware::{Device, Gpu, Health, HealthLimits, Requirements, SlotCap};
 use crate::job::{Job, JobId, JobState};
+use crate::refs::{self, BlobRefs};
 use crate::store::{MetaStore, Record};
-use crate::task::{Completion, FailOutcome, FailureScope, FrameOutput, LeaseId, Task, TaskState, TileTask};
+use crate::task::{
+    Completion, FailOutcome, FailureScope, FrameOutput, LeaseId, Task, TaskState, TileTask,
+};
 use crate::tiles::{self, Grid, Rect};
 use crate::worker::{WorkerId, WorkerRecord};
+
+mod stitching;
+#[cfg(test)]
+mod trust_tests;
 
 /// Limits and timings of a coordinator.
 #[derive(Debug, Clone)]
@@ -46,6 +53,9 @@ pub struct Config {
     pub auth: bool,
     /// Largest gRPC message accepted, in bytes (blobs travel in 1 MiB chunks).
     pub max_message: usize,
+    /// How long a blob nothing references is kept after anyone last touched
+    /// it, in ms, before it is deleted (a result naming it may be on its way).
+    pub blob_grace_ms: u64,
 }
 
 impl Default for Config {
@@ -60,6 +70,7 @@ impl Default for Config {
             block_after: 3,
             auth: true,
             max_message: 4 << 20,
+            blob_grace_ms: 60_000,
         }
     }
 }
@@ -252,6 +263,71 @@ struct State {
     next_worker: u64,
     health: std::collections::HashMap<WorkerId, Health>,
     users: BTreeMap<String, UserRecord>,
+    /// How many records reference each blob (derived from the records).
+    refs: BlobRefs,
+    /// Blobs that no record references any more, and since when (ms).
+    garbage: HashMap<Digest, u64>,
+    /// When a client or worker last uploaded or asked about a blob (ms).
+    touched: HashMap<Digest, u64>,
+    /// Frames of open tiled jobs whose tiles are all done but that are not
+    /// stitched yet: the stitch queue (derived from the records, so a crash
+    /// loses nothing).
+    to_stitch: BTreeSet<(JobId, u32)>,
+    /// Stitch attempts of a frame that could not read its tiles, and when
+    /// the next may run (ms).
+    stitch_errors: HashMap<(JobId, u32), (u32, u64)>,
+}
+
+impl State {
+    /// Installs a job's record and its changed tasks (written already),
+    /// keeping blob references counted and the stitch queue current.
+    fn install(&mut self, job: Job, changed: Vec<Task>, now: u64) {
+        let id = job.id;
+        let old = match self.jobs.get(&id) {
+            Some(j) => refs::all_refs(j, self.tasks.get(&id).map_or(&[], |t| t.as_slice())),
+            None => Vec::new(),
+        };
+        let list = self.tasks.entry(id).or_default();
+        for t in changed {
+            let i = t.index as usize;
+            match list.get_mut(i) {
+                Some(slot) => *slot = t,
+                None => list.push(t),
+            }
+        }
+        self.jobs.insert(id, job);
+        for d in refs::all_refs(&self.jobs[&id], &self.tasks[&id]) {
+            self.refs.add(d);
+        }
+        for d in old {
+            if self.refs.release(&d) {
+                self.garbage.insert(d, now);
+            }
+        }
+        self.queue_ready_frames(id);
+    }
+
+    /// Puts the frames of job `id` whose tiles are all done, and that are not
+    /// stitched, in the stitch queue (and takes out those that are not).
+    fn queue_ready_frames(&mut self, id: JobId) {
+        let job = &self.jobs[&id];
+        if !job.is_tiled() {
+            return;
+        }
+        let mut frames: BTreeMap<u32, bool> = BTreeMap::new();
+        for t in &self.tasks[&id] {
+            *frames.entry(t.frames[0]).or_insert(true) &= t.is_done();
+        }
+        let open = !job.state.is_final();
+        for (frame, all_done) in frames {
+            let stitched = job.stitched.iter().any(|o| o.frame == frame);
+            if open && all_done && !stitched {
+                self.to_stitch.insert((id, frame));
+            } else {
+                self.to_stitch.remove(&(id, frame));
+            }
+        }
+    }
 }
 
 /// The coordinator's domain service.
@@ -283,11 +359,30 @@ impl Farm {
             workers: snap.workers,
             health: Default::default(),
             users: snap.users,
+            ..Default::default()
         };
         for task in state.tasks.values_mut().flatten() {
             if let TaskState::Leased { expires_ms, .. } = &mut task.state {
                 *expires_ms = (*expires_ms).max(now + config.lease_ttl_ms);
             }
+        }
+        let ids: Vec<JobId> = state.jobs.keys().copied().collect();
+        for id in ids {
+            let tasks = state.tasks.entry(id).or_default();
+            for d in refs::all_refs(&state.jobs[&id], tasks) {
+                state.refs.add(d);
+            }
+            // Tiles of stitched frames that a crash kept from being collected.
+            for t in tasks.iter().filter(|t| t.tile.is_some()) {
+                if let TaskState::Done { outputs } = &t.state {
+                    for o in outputs {
+                        if state.refs.count(&o.digest) == 0 {
+                            state.garbage.insert(o.digest, now);
+                        }
+                    }
+                }
+            }
+            state.queue_ready_frames(id);
         }
         let open = state.jobs.values().filter(|j| !j.state.is_final()).count();
         tracing::info!(
@@ -454,11 +549,12 @@ impl Farm {
         };
         let mut records: Vec<Record<'_>> = tasks.iter().map(Record::Task).collect();
         records.push(Record::Job(&job));
-        self.store.write(&records)?;
+        // The id is spent even if the write fails: a failed write may still
+        // have reached the disk in part, and an id is never handed out twice.
         st.next_job += 1;
+        self.store.write(&records)?;
         tracing::info!(job = %id, scene = %job.scene_name, frames = %job.frames, tiles = %job.grid, tasks = tasks.len(), "job submitted");
-        st.jobs.insert(id, job);
-        st.tasks.insert(id, tasks);
+        st.install(job, tasks, now);
         drop(st);
         self.queued.notify_waiters();
         Ok(id)
@@ -478,24 +574,46 @@ impl Farm {
         })
     }
 
-    /// "waiting: no worker with optix and 24 GB" when no online, healthy
-    /// worker has a slot that can render an unfinished job.
+    /// Why an unfinished job is not making progress, when it is not: no
+    /// online, healthy worker has a slot that can render it; every such
+    /// worker has failed it (it then goes on on the least-failed one); or a
+    /// frame waits for its stitch to be tried again.
     fn waiting(&self, st: &State, job: &Job) -> Option<String> {
         if job.state.is_final() || job.state == JobState::Paused {
             return None;
         }
         let now = self.clock.now_ms();
-        let usable = st.workers.values().any(|w| {
-            let healthy = st.health.get(&w.id).is_none_or(|h| h.drain.is_none());
-            self.online(w, now)
-                && healthy
-                && (0..w.slots).any(|s| job.requirements.satisfied_by(&w.slot_cap(s), &w.tags))
-        });
-        (!usable).then(|| {
-            format!(
+        let usable: Vec<&WorkerRecord> = st
+            .workers
+            .values()
+            .filter(|w| self.available(st, w, now) && capable(job, w))
+            .collect();
+        if usable.is_empty() {
+            return Some(format!(
                 "waiting: no available worker with {}",
                 job.requirements.describe()
-            )
+            ));
+        }
+        let fails = |w: &WorkerRecord| job.failures_by_worker.get(&w.id.0).copied().unwrap_or(0);
+        if usable.iter().all(|w| fails(w) >= self.config.block_after) {
+            let least = usable.iter().min_by_key(|w| fails(w)).expect("not empty");
+            let list: Vec<String> = usable
+                .iter()
+                .map(|w| format!("{} {}x", w.id, fails(w)))
+                .collect();
+            return Some(format!(
+                "every available worker has failed this job ({}); going on on the least-failed one, {}, until a task runs out of attempts; add workers or fix the scene",
+                list.join(", "),
+                least.id
+            ));
+        }
+        let stalled = st
+            .stitch_errors
+            .iter()
+            .find(|((j, _), _)| *j == job.id)
+            .map(|((_, f), (n, _))| (*f, *n));
+        stalled.map(|(frame, n)| {
+            format!("frame {frame} could not be stitched {n} time(s) (its tiles could not be read); trying again")
         })
     }
 
@@ -634,8 +752,7 @@ impl Farm {
         let mut records: Vec<Record<'_>> = tasks.iter().map(Record::Task).collect();
         records.push(Record::Job(&job));
         self.store.write(&records)?;
-        st.jobs.insert(id, job.clone());
-        st.tasks.insert(id, tasks.clone());
+        st.install(job.clone(), tasks.clone(), self.clock.now_ms());
         let waiting = self.waiting(&st, &job);
         drop(st);
         self.queued.notify_waiters();
@@ -779,6 +896,7 @@ impl Farm {
         let record = &st.workers[worker];
         let cap = record.slot_cap(slot);
         let tags = record.tags.clone();
+        let available = |w: &WorkerRecord| self.available(&st, w, now);
         let Some((job_id, index)) = pick(
             &st,
             &Asker {
@@ -787,6 +905,7 @@ impl Farm {
                 warm,
                 slot: &cap,
                 tags: &tags,
+                available: &available,
             },
             online,
             self.config.block_after,
@@ -900,15 +1019,10 @@ impl Farm {
         }
         records.push(Record::Job(&job));
         self.store.write(&records)?;
-        let list = st.tasks.get_mut(&job.id).expect("job has tasks");
-        for t in changed {
-            let i = t.index as usize;
-            list[i] = t;
-        }
+        st.install(job, changed, self.clock.now_ms());
         if let Some(r) = worker_rec {
             st.workers.insert(r.id.clone(), r);
         }
-        st.jobs.insert(job.id, job);
         Ok(())
     }
 
@@ -940,239 +1054,11 @@ impl Farm {
         Ok(held)
     }
 
-    /// Records a task's result. Every output blob must already be stored.
-    pub fn complete(&self, lease: LeaseId, outputs: Vec<FrameOutput>) -> Result<Completion, Error> {
-        for o in &outputs {
-            if !self.blobs.contains(&o.digest) {
-                return Err(Error::invalid(format!(
-                    "frame {} names blob {} which was not uploaded; upload it first",
-                    o.frame, o.digest
-                )));
-            }
-            if o.ext.is_empty()
-                || o.ext.len() > 8
-                || !o.ext.bytes().all(|b| b.is_ascii_alphanumeric())
-            {
-                return Err(Error::invalid(format!(
-                    "`{}` is not a file extension",
-                    o.ext
-                )));
-            }
-        }
-        let now = self.clock.now_ms();
-        let ready = {
-            let mut st = self.lock();
-            let (mut task, mut job) = Self::find(&st, lease)?;
-            let holder = task.holder().cloned();
-            let since = match task.state {
-                TaskState::Leased { since_ms, .. } if since_ms > 0 => Some(since_ms),
-                _ => None,
-            };
-            let completion = task.complete(lease.grant, outputs)?;
-            if let (Completion::Recorded, Some(since)) = (completion, since) {
-                let secs = now.saturating_sub(since) as f64 / 1000.0;
-                let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(b) = DURATION_BUCKETS.iter().position(|&b| secs <= b) {
-                    stats.duration_buckets[b] += 1;
-                }
-                stats.duration_sum += secs;
-                stats.duration_count += 1;
-            }
-            if completion == Completion::Duplicate {
-                tracing::info!(lease = %lease, "duplicate result ignored");
-                return Ok(completion);
-            }
-            tracing::info!(lease = %lease, "task done");
-            let siblings = &st.tasks[&lease.job];
-            let ready = if job.is_tiled() {
-                let frame = task.frames[0];
-                let all = siblings
-                    .iter()
-                    .filter(|t| t.frames[0] == frame)
-                    .all(|t| t.index == task.index || t.is_done());
-                all.then_some(frame)
-            } else {
-                if siblings
-                    .iter()
-                    .all(|t| t.index == task.index || t.is_done())
-                    && !job.state.is_final()
-                {
-                    job.finish(now)?;
-                    tracing::info!(job = %job.id, "job done");
-                }
-                None
-            };
-            self.apply(&mut st, vec![task], job, holder.as_ref().map(|h| (h, true)))?;
-            ready
-        };
-        if let Some(frame) = ready {
-            self.stitch_frame(lease.job, frame)?;
-        }
-        Ok(Completion::Recorded)
-    }
-
-    /// Assembles `frame` of a tiled job from its tiles, stores it, and ends the
-    /// job when it was the last frame. A frame already stitched is left alone.
-    pub fn stitch_frame(&self, id: JobId, frame: u32) -> Result<(), Error> {
-        let (width, height, parts) = {
-            let st = self.lock();
-            let job = st
-                .jobs
-                .get(&id)
-                .ok_or_else(|| Error::NotFound(format!("job {id}")))?;
-            if job.state.is_final() || job.stitched.iter().any(|o| o.frame == frame) {
-                return Ok(());
-            }
-            let parts: Vec<(Rect, Rect, Digest)> = st.tasks[&id]
-                .iter()
-                .filter(|t| t.frames[0] == frame)
-                .filter_map(|t| match (&t.state, t.tile) {
-                    (TaskState::Done { outputs }, Some(tile)) => {
-                        Some((tile.inner, tile.rendered, outputs.first()?.digest))
-                    }
-                    _ => None,
-                })
-                .collect();
-            (job.width, job.height, parts)
-        };
-        let started = std::time::Instant::now();
-        let stitched = parts
-            .iter()
-            .map(|(_, _, d)| self.blobs.read(d))
-            .collect::<Result<Vec<_>, _>>()
-            .and_then(|images| {
-                let pieces: Vec<crate::stitch::TilePiece<'_>> = parts
-                    .iter()
-                    .zip(&images)
-                    .map(|((inner, rendered, _), bytes)| crate::stitch::TilePiece {
-                        inner: *inner,
-                        rendered: *rendered,
-                        bytes,
-                    })
-                    .collect();
-                crate::stitch::stitch(width, height, &pieces)
-                    .map_err(|e| Error::Invalid(e.to_string()))
-            });
-        let output = match stitched {
-            Ok((bytes, ext)) => {
-                let digest = Digest::of(&bytes);
-                self.blobs.put(digest, &bytes)?;
-                Ok(FrameOutput {
-                    frame,
-                    digest,
-                    ext: ext.to_string(),
-                    size: bytes.len() as u64,
-                    pass: String::new(),
-                })
-            }
-            Err(e) => Err(e),
-        };
-        let now = self.clock.now_ms();
-        let mut st = self.lock();
-        let mut job = st
-            .jobs
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| Error::NotFound(format!("job {id}")))?;
-        if job.state.is_final() || job.stitched.iter().any(|o| o.frame == frame) {
-            return Ok(());
-        }
-        let mut changed = Vec::new();
-        match output {
-            Ok(out) => {
-                tracing::info!(job = %id, frame, tiles = parts.len(), ms = started.elapsed().as_millis() as u64, "frame stitched");
-                job.stitched.push(out);
-                job.stitched.sort_by_key(|o| o.frame);
-                if job.stitched.len() as u32 >= job.frame_count {
-                    job.finish(now)?;
-                    tracing::info!(job = %job.id, "job done");
-                }
-            }
-            Err(e) => {
-                tracing::error!(job = %id, frame, "cannot stitch: {e}");
-                job.fail(
-                    format!("frame {frame} could not be stitched from its tiles: {e}"),
-                    now,
-                )?;
-                changed = st.tasks[&id]
-                    .iter()
-                    .cloned()
-                    .map(|mut t| {
-                        t.cancel();
-                        t
-                    })
-                    .collect();
-            }
-        }
-        let mut records: Vec<Record<'_>> = changed.iter().map(Record::Task).collect();
-        records.push(Record::Job(&job));
-        self.store.write(&records)?;
-        for t in changed {
-            let i = t.index as usize;
-            st.tasks.get_mut(&id).expect("job has tasks")[i] = t;
-        }
-        st.jobs.insert(id, job);
-        // The frame is durable: its tiles are no longer needed, unless another
-        // record happens to hold the same bytes.
-        let unused: Vec<Digest> = parts
-            .iter()
-            .map(|(_, _, d)| *d)
-            .filter(|d| !Self::referenced_elsewhere(&st, id, frame, d))
-            .collect();
-        drop(st);
-        for d in unused {
-            if let Err(e) = self.blobs.remove(&d) {
-                tracing::warn!("cannot remove tile blob {d}: {e}");
-            }
-        }
-        Ok(())
-    }
-
-    /// Whether a blob is used by anything but the tiles of `frame` of job `id`.
-    fn referenced_elsewhere(st: &State, id: JobId, frame: u32, d: &Digest) -> bool {
-        st.jobs.values().any(|j| j.scene == *d || j.stitched.iter().any(|o| o.digest == *d))
-            || st.tasks.iter().any(|(job, tasks)| {
-                tasks.iter().any(|t| {
-                    let own_tile = *job == id && t.tile.is_some() && t.frames[0] == frame;
-                    !own_tile && matches!(&t.state, TaskState::Done { outputs } if outputs.iter().any(|o| o.digest == *d))
-                })
-            })
-    }
-
-    /// Stitches frames whose tiles all arrived before a crash cut stitching short.
-    pub fn recover_stitching(&self) -> Result<(), Error> {
-        let pending: Vec<(JobId, u32)> = {
-            let st = self.lock();
-            let mut pending = Vec::new();
-            for job in st
-                .jobs
-                .values()
-                .filter(|j| j.is_tiled() && !j.state.is_final())
-            {
-                let mut frames: BTreeMap<u32, bool> = BTreeMap::new();
-                for t in &st.tasks[&job.id] {
-                    *frames.entry(t.frames[0]).or_insert(true) &= t.is_done();
-                }
-                pending.extend(
-                    frames
-                        .into_iter()
-                        .filter(|(f, all)| *all && !job.stitched.iter().any(|o| o.frame == *f))
-                        .map(|(f, _)| (job.id, f)),
-                );
-            }
-            pending
-        };
-        for (job, frame) in pending {
-            tracing::info!(job = %job, frame, "stitching a frame left over from before the restart");
-            self.stitch_frame(job, frame)?;
-        }
-        Ok(())
-    }
-
     /// Records a failed attempt; the task is retried elsewhere or, out of
-    /// attempts, fails its job.
-    /// A `permanent` failure (one that would recur on any worker) fails the
-    /// job without further attempts.
+    /// attempts, fails its job. The reporter's `scope` decides how far its
+    /// word goes: a failure no worker can fix fails the job now; one only this
+    /// machine has fails it only when a second worker agrees or when no other
+    /// worker could take the task.
     pub fn fail(
         &self,
         lease: LeaseId,
@@ -1180,7 +1066,6 @@ impl Farm {
         log_tail: &str,
         scope: FailureScope,
     ) -> Result<FailOutcome, Error> {
-        let permanent = scope == FailureScope::Everywhere;
         let reason: String = reason.chars().take(2000).collect();
         let tail: String = {
             let chars: Vec<char> = log_tail.chars().collect();
@@ -1195,7 +1080,37 @@ impl Farm {
         let mut st = self.lock();
         let (mut task, mut job) = Self::find(&st, lease)?;
         let holder = task.holder().cloned();
-        let max = if permanent { 1 } else { job.max_attempts };
+        // Why this one failure ends the job, when it does.
+        let mut final_word = match scope {
+            FailureScope::Everywhere => Some("cannot be rendered anywhere"),
+            _ => None,
+        };
+        if let (FailureScope::Machine, Some(h)) = (scope, &holder) {
+            let agreed = task.machine_failed_on.iter().any(|w| w != h);
+            if !task.machine_failed_on.contains(h) {
+                task.machine_failed_on.push(h.clone());
+            }
+            let someone_else = st.workers.values().any(|w| {
+                &w.id != h
+                    && !task.machine_failed_on.contains(&w.id)
+                    && self.available(&st, w, now)
+                    && capable(&job, w)
+                    && job
+                        .failures_by_worker
+                        .get(&w.id.0)
+                        .is_none_or(|n| *n < self.config.block_after)
+            });
+            if agreed {
+                final_word = Some("failed the same way on two workers");
+            } else if !someone_else {
+                final_word = Some("failed on the only worker that could take them");
+            }
+        }
+        let max = if final_word.is_some() {
+            1
+        } else {
+            job.max_attempts
+        };
         if let Some(h) = &holder {
             let n = job.failures_by_worker.entry(h.0.clone()).or_default();
             *n += 1;
@@ -1210,27 +1125,15 @@ impl Farm {
             .attempts_failed += 1;
         let mut changed = Vec::new();
         if outcome == FailOutcome::Failed && !job.state.is_final() {
-            let what = if permanent {
-                format!(
-                    "frames {:?} cannot be rendered anywhere: {}",
-                    task.frames, message
-                )
-            } else {
-                format!(
+            let what = match final_word {
+                Some(why) => format!("frames {:?} {why}: {}", task.frames, message),
+                None => format!(
                     "frames {:?} failed {} times; last error: {}",
                     task.frames, task.failures, message
-                )
+                ),
             };
             job.fail(what, now)?;
-            changed = st.tasks[&lease.job]
-                .iter()
-                .filter(|t| t.index != task.index)
-                .cloned()
-                .map(|mut t| {
-                    t.cancel();
-                    t
-                })
-                .collect();
+            changed = Self::canceled_siblings(&st, lease.job, task.index);
             tracing::warn!(job = %job.id, "job failed: {reason}");
         } else {
             tracing::warn!(lease = %lease, "task failed, will retry: {reason}");
@@ -1240,6 +1143,11 @@ impl Farm {
         drop(st);
         self.queued.notify_waiters();
         Ok(outcome)
+    }
+
+    /// Whether `w` takes work now: online and not drained.
+    fn available(&self, st: &State, w: &WorkerRecord, now: u64) -> bool {
+        self.online(w, now) && st.health.get(&w.id).is_none_or(|h| h.drain.is_none())
     }
 
     /// Gives a task back without charging an attempt (worker shutting down).
@@ -1366,6 +1274,43 @@ struct Asker<'a> {
     warm: Option<JobId>,
     slot: &'a SlotCap,
     tags: &'a [String],
+    /// Whether a worker takes work now (online, not drained).
+    available: &'a dyn Fn(&WorkerRecord) -> bool,
+}
+
+/// Whether any slot of `w` can render `job`.
+fn capable(job: &Job, w: &WorkerRecord) -> bool {
+    (0..w.slots).any(|s| job.requirements.satisfied_by(&w.slot_cap(s), &w.tags))
+}
+
+/// Whether `worker` may take tasks of `job` despite its failures there: when
+/// it is not blocked for the job, or when every available worker that could
+/// serve the job is blocked and this one has failed it least. The job then
+/// goes on instead of waiting silently; every failure still charges an
+/// attempt, so it ends.
+fn may_serve(
+    st: &State,
+    job: &Job,
+    worker: &WorkerId,
+    block_after: u32,
+    available: &dyn Fn(&WorkerRecord) -> bool,
+) -> bool {
+    let fails = |w: &WorkerId| job.failures_by_worker.get(&w.0).copied().unwrap_or(0);
+    if fails(worker) < block_after {
+        return true;
+    }
+    let mut least = u32::MAX;
+    for w in st
+        .workers
+        .values()
+        .filter(|w| available(w) && capable(job, w))
+    {
+        if fails(&w.id) < block_after {
+            return false;
+        }
+        least = least.min(fails(&w.id));
+    }
+    fails(worker) <= least
 }
 
 fn pick(st: &State, asker: &Asker<'_>, online: usize, block_after: u32) -> Option<(JobId, usize)> {
@@ -1375,6 +1320,7 @@ fn pick(st: &State, asker: &Asker<'_>, online: usize, block_after: u32) -> Optio
         warm,
         slot,
         tags,
+        available,
     } = *asker;
     let mut candidates: Vec<(&Job, usize)> = st
         .jobs
@@ -1384,11 +1330,7 @@ fn pick(st: &State, asker: &Asker<'_>, online: usize, block_after: u32) -> Optio
                 && j.state != JobState::Paused
                 && j.requirements.satisfied_by(slot, tags)
         })
-        .filter(|j| {
-            j.failures_by_worker
-                .get(&worker.0)
-                .is_none_or(|n| *n < block_after)
-        })
+        .filter(|j| may_serve(st, j, worker, block_after, available))
         .map(|j| {
             let running = st.tasks[&j.id]
                 .iter()
@@ -1409,6 +1351,7 @@ fn pick(st: &State, asker: &Asker<'_>, online: usize, block_after: u32) -> Optio
     for (job, _) in candidates {
         let found = st.tasks[&job.id].iter().position(|t| {
             t.state == TaskState::Queued
+                && !t.machine_failed_on.contains(worker)
                 && (!t.failed_on.contains(worker) || t.failed_on.len() >= online.max(1))
         });
         if let Some(i) = found {
@@ -1461,6 +1404,7 @@ mod tests {
             block_after: 3,
             auth: true,
             max_message: 4 << 20,
+            blob_grace_ms: 60_000,
         }
     }
 
@@ -1588,7 +1532,9 @@ mod tests {
         let b = worker(&f.farm, "b");
         let l = f.farm.try_lease(&a, &HashSet::new()).unwrap().unwrap();
         assert_eq!(
-            f.farm.fail(l.lease, "Error: boom", "log", FailureScope::Transient).unwrap(),
+            f.farm
+                .fail(l.lease, "Error: boom", "log", FailureScope::Transient)
+                .unwrap(),
             FailOutcome::Retry
         );
         // Worker a gets the other task, not the one it failed.
@@ -1599,7 +1545,12 @@ mod tests {
         assert_eq!(retry.attempt, 2);
         assert_eq!(
             f.farm
-                .fail(retry.lease, "Error: boom", "the tail", FailureScope::Transient)
+                .fail(
+                    retry.lease,
+                    "Error: boom",
+                    "the tail",
+                    FailureScope::Transient
+                )
                 .unwrap(),
             FailOutcome::Failed
         );
@@ -1824,7 +1775,9 @@ mod tests {
         while failed < 3 {
             let a = f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
             if a.lease.job == job {
-                f.farm.fail(a.lease, "Error: boom", "", FailureScope::Transient).unwrap();
+                f.farm
+                    .fail(a.lease, "Error: boom", "", FailureScope::Transient)
+                    .unwrap();
                 failed += 1;
             } else {
                 f.farm.complete(a.lease, vec![output(&f, 1)]).unwrap();

@@ -132,11 +132,16 @@ impl pb::blobs_server::Blobs for BlobsService {
         req: Request<pb::MissingBlobsRequest>,
     ) -> Result<Response<pb::MissingBlobsResponse>, Status> {
         let mut missing = Vec::new();
+        let mut asked = Vec::new();
         for d in req.into_inner().digests {
-            if !self.farm.blobs().contains(&digest("digests", &d)?) {
+            let parsed = digest("digests", &d)?;
+            asked.push(parsed);
+            if !self.farm.blobs().contains(&parsed) {
                 missing.push(d);
             }
         }
+        // A result naming these may follow: keep them from the collector.
+        self.farm.touch_blobs(&asked);
         Ok(Response::new(pb::MissingBlobsResponse { missing }))
     }
 
@@ -150,6 +155,7 @@ impl pb::blobs_server::Blobs for BlobsService {
         })?;
         let d = digest("digest", &first.digest)?;
         let size = first.size;
+        self.farm.touch_blobs(&[d]);
         let blobs = self.farm.blobs().clone();
         let mut writer = blobs.writer(d, size)?;
         writer.write(&first.data)?;

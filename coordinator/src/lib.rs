@@ -11,6 +11,7 @@
 //! - [`farm`]: the domain service (submit, lease, complete, fail, expire).
 //! - [`store`]: durable metadata (sled) and its in-memory twin.
 //! - [`blob_store`]: content-addressed blobs on disk and in memory.
+//! - [`refs`]: blob reference counts, deciding which blobs may be collected.
 //! - [`clock`]: time behind a trait.
 //! - [`convert`]: domain <-> protocol conversions.
 //! - [`grpc`]: thin tonic adapters over [`farm::Farm`].
@@ -33,6 +34,7 @@ pub mod hardware;
 pub mod http;
 pub mod job;
 pub mod metrics;
+pub mod refs;
 pub mod server;
 pub mod stitch;
 pub mod store;

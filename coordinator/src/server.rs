@@ -107,6 +107,14 @@ impl Coordinator {
                 if let Err(e) = farm.expire_leases() {
                     tracing::error!("cannot expire leases: {e}");
                 }
+                // Frames left in the stitch queue (a stitch that failed to
+                // read, a retry after a cancel) and blobs nothing references.
+                let f = farm.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    f.stitch_pending();
+                    f.collect_garbage();
+                })
+                .await;
             }
         });
         let addr = listener.local_addr().ok();

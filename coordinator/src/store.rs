@@ -67,6 +67,9 @@ pub struct SledStore {
     tasks: sled::Tree,
     workers: sled::Tree,
     users: sled::Tree,
+    /// Makes the next flush fail, for tests of the undo path.
+    #[cfg(test)]
+    fail_flush: std::sync::atomic::AtomicBool,
 }
 
 impl SledStore {
@@ -84,6 +87,8 @@ impl SledStore {
             workers: db.open_tree("workers")?,
             users: db.open_tree("users")?,
             db,
+            #[cfg(test)]
+            fail_flush: Default::default(),
         })
     }
 }
@@ -142,12 +147,40 @@ impl MetaStore for SledStore {
                 Record::RemoveUser(name) => (3, name.as_bytes().to_vec(), None),
             });
         }
+        let before = self.apply(&encoded)?;
+        if let Err(e) = self.flush() {
+            // The batch is in sled's pages but not known to be on disk, and the
+            // caller will be told it failed: put the old values back so that
+            // "not acknowledged" also means "not stored" (a job id must never
+            // be handed out twice). If even that cannot be flushed, say so.
+            let undo: Vec<_> = before.into_iter().rev().collect();
+            let undone = self.apply(&undo).and_then(|_| self.flush());
+            return Err(match undone {
+                Ok(()) => e,
+                Err(u) => Error::Store(format!(
+                    "{e}; undoing the unacknowledged change also failed ({u}): stop the coordinator and check its --data volume"
+                )),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl SledStore {
+    /// Applies `encoded` in one transaction (jobs last) and returns the values
+    /// it replaced, in order, for undoing it.
+    #[allow(clippy::type_complexity)]
+    fn apply(
+        &self,
+        encoded: &[(u8, Vec<u8>, Option<Vec<u8>>)],
+    ) -> Result<Vec<(u8, Vec<u8>, Option<Vec<u8>>)>, Error> {
         (&self.jobs, &self.tasks, &self.workers, &self.users)
             .transaction(|(jobs, tasks, workers, users)| {
                 let ordered = encoded
                     .iter()
                     .filter(|e| e.0 != 0)
                     .chain(encoded.iter().filter(|e| e.0 == 0));
+                let mut before = Vec::with_capacity(encoded.len());
                 for (tree, key, value) in ordered {
                     let t = match tree {
                         0 => jobs,
@@ -155,20 +188,27 @@ impl MetaStore for SledStore {
                         2 => workers,
                         _ => users,
                     };
-                    match value {
-                        Some(v) => {
-                            t.insert(key.as_slice(), v.as_slice())?;
-                        }
-                        None => {
-                            t.remove(key.as_slice())?;
-                        }
-                    }
+                    let old = match value {
+                        Some(v) => t.insert(key.as_slice(), v.as_slice())?,
+                        None => t.remove(key.as_slice())?,
+                    };
+                    before.push((*tree, key.clone(), old.map(|o| o.to_vec())));
                 }
-                Ok::<_, ConflictableTransactionError<()>>(())
+                Ok::<_, ConflictableTransactionError<()>>(before)
             })
-            .map_err(|e: TransactionError<()>| {
-                Error::Store(format!("transaction failed: {e:?}"))
-            })?;
+            .map_err(|e: TransactionError<()>| Error::Store(format!("transaction failed: {e:?}")))
+    }
+
+    fn flush(&self) -> Result<(), Error> {
+        #[cfg(test)]
+        if self
+            .fail_flush
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(Error::Store(
+                "cannot flush the metadata to disk: injected failure".into(),
+            ));
+        }
         self.db.flush().map_err(|e| {
             Error::Store(format!(
                 "cannot flush the metadata to disk: {e}; check free space on the --data volume"
@@ -190,6 +230,15 @@ struct Tables {
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     inner: Mutex<Tables>,
+    fail_writes: std::sync::atomic::AtomicU32,
+}
+
+impl MemoryStore {
+    /// Makes the next `n` writes fail as a full disk would, storing nothing.
+    pub fn fail_next_writes(&self, n: u32) {
+        self.fail_writes
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl MetaStore for MemoryStore {
@@ -208,6 +257,16 @@ impl MetaStore for MemoryStore {
     }
 
     fn write(&self, records: &[Record<'_>]) -> Result<(), Error> {
+        use std::sync::atomic::Ordering;
+        let failing = self
+            .fail_writes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failing {
+            return Err(Error::Store(
+                "cannot flush the metadata to disk: injected failure".into(),
+            ));
+        }
         let mut inner = self.inner.lock().unwrap();
         for r in records {
             match r {
@@ -289,5 +348,34 @@ mod tests {
             vec![0, 1]
         );
         assert!(!snap.tasks.contains_key(&JobId(8)));
+    }
+
+    #[test]
+    fn a_failed_flush_is_undone_so_nothing_unacknowledged_is_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = SledStore::open(&dir.path().join("db")).unwrap();
+            let mut j = job(1);
+            store.write(&[Record::Job(&j)]).unwrap();
+            j.priority = 9;
+            store
+                .fail_flush
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            let t = Task::new(JobId(2), 0, vec![1]);
+            let j2 = job(2);
+            let err = store
+                .write(&[Record::Job(&j), Record::Task(&t), Record::Job(&j2)])
+                .unwrap_err();
+            assert!(matches!(err, Error::Store(_)), "{err}");
+        }
+        let store = SledStore::open(&dir.path().join("db")).unwrap();
+        let snap = store.load().unwrap();
+        assert_eq!(snap.jobs.len(), 1, "job 2 was never acknowledged");
+        assert_eq!(
+            snap.jobs[&JobId(1)].priority,
+            0,
+            "job 1's change was undone"
+        );
+        assert!(store.tasks.is_empty(), "no task of job 2 is left behind");
     }
 }

@@ -7,6 +7,7 @@
 //!    │ expire/release  │  │  └─ fail (attempts left) ──▶ Queued
 //!    └─────────────────┘  └──── fail (out of attempts) ─▶ Failed
 //!  Queued|Leased ── cancel ──▶ Canceled
+//!  Done ── rerender (its tile could not be stitched) ──▶ Queued | Failed
 //! ```
 //!
 //! Every grant of a task bumps its lease counter, so a lease id
@@ -183,6 +184,10 @@ pub struct Task {
     /// Samples of the current frame in all.
     #[serde(default)]
     pub samples_total: u32,
+    /// Workers that reported a failure only their machine has: the task is
+    /// never given to them again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub machine_failed_on: Vec<WorkerId>,
 }
 
 impl Task {
@@ -201,6 +206,7 @@ impl Task {
             tile: None,
             samples_done: 0,
             samples_total: 0,
+            machine_failed_on: Vec::new(),
         }
     }
 
@@ -257,8 +263,24 @@ impl Task {
         if grant == 0 || grant > self.grants {
             return Err(Error::LeaseLost(self.lease_id(grant).to_string()));
         }
-        let mut want: Vec<u32> = outputs.iter().map(|o| o.frame).collect();
+        let mut want: Vec<u32> = outputs
+            .iter()
+            .filter(|o| o.pass.is_empty())
+            .map(|o| o.frame)
+            .collect();
         want.sort_unstable();
+        if let Some(o) = outputs
+            .iter()
+            .find(|o| !o.pass.is_empty() && !self.frames.contains(&o.frame))
+        {
+            return Err(Error::invalid(format!(
+                "task {} renders frames {:?} but names pass {} of frame {}",
+                self.lease_id(grant),
+                self.frames,
+                o.pass,
+                o.frame
+            )));
+        }
         if want != self.frames {
             return Err(Error::invalid(format!(
                 "task {} renders frames {:?} but the result names frames {:?}",
@@ -307,6 +329,24 @@ impl Task {
         }
     }
 
+    /// Done -> Queued (attempts left) or Failed: its result proved unusable
+    /// after it was recorded (a tile that cannot be stitched). Charges an attempt.
+    pub fn rerender(&mut self, reason: String, max_attempts: u32) -> Result<FailOutcome, Error> {
+        if !self.is_done() {
+            return Err(self.illegal("re-render"));
+        }
+        self.failures += 1;
+        self.message = reason.clone();
+        self.frames_done = 0;
+        if self.failures >= max_attempts.max(1) {
+            self.state = TaskState::Failed { reason };
+            Ok(FailOutcome::Failed)
+        } else {
+            self.state = TaskState::Queued;
+            Ok(FailOutcome::Retry)
+        }
+    }
+
     /// Leased -> Queued when the deadline has passed. Returns whether it expired.
     pub fn expire(&mut self, now_ms: u64) -> bool {
         match self.state {
@@ -345,6 +385,7 @@ impl Task {
             self.state = TaskState::Queued;
             self.failures = 0;
             self.failed_on.clear();
+            self.machine_failed_on.clear();
             self.frames_done = 0;
         }
     }

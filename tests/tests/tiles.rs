@@ -66,7 +66,7 @@ fn adaptive_sampling_png_stitches_exactly_and_tile_blobs_are_cleaned_up() {
         "--frames",
         "1",
     ]);
-    let f = farm(&["a", "b"], &[]);
+    let f = farm(&["a", "b"], &["--blob-grace", "0.5"]);
     let out = render_tiled(&f, &scene, "1", "3x2");
     let refs = f.dir.path().join("refs");
     reference(&scene, 1, 1, &refs);
@@ -82,8 +82,14 @@ fn adaptive_sampling_png_stitches_exactly_and_tile_blobs_are_cleaned_up() {
         human.contains("6/6") && human.contains("stitched"),
         "{human}"
     );
-    // Only the scene and the stitched frame remain in the blob store.
-    let blobs = count_blobs(&f.dir.path().join("data/blobs"));
+    // Only the scene and the stitched frame remain in the blob store, once
+    // the collector's grace period (half a second here) has passed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut blobs = count_blobs(&f.dir.path().join("data/blobs"));
+    while blobs != 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        blobs = count_blobs(&f.dir.path().join("data/blobs"));
+    }
     assert_eq!(
         blobs, 2,
         "tile blobs should be removed once the frame is stitched"
@@ -116,7 +122,7 @@ fn openexr_float_stitches_exactly() {
         "--frames",
         "1",
     ]);
-    let f = farm(&["a", "b"], &[]);
+    let f = farm(&["a", "b"], &["--blob-grace", "0.5"]);
     let out = render_tiled(&f, &scene, "1", "3x2");
     let refs = f.dir.path().join("refs");
     reference(&scene, 1, 1, &refs);
