@@ -139,7 +139,7 @@ pub async fn inspect_scene(blender: &Path, scene: &Path) -> Result<SceneFacts> {
 
 /// Validates the frame set here, for an early and clear error.
 pub fn check_frames(frames: &str) -> Result<()> {
-    FrameSet::parse(frames, u64::MAX)
+    FrameSet::check(frames)
         .map(drop)
         .map_err(|e| anyhow!("{e}"))
 }

@@ -249,6 +249,9 @@ pub fn coordinator_config(a: &CoordinatorArgs) -> Result<tessera_coordinator::Co
             Some(s) => bail!("--blob-grace {s} is not a number of seconds; use 0 or more"),
             None => (a.lease_ttl * 2000.0) as u64,
         },
+        max_pixels: a.max_pixels,
+        max_workers_per_token: a.max_workers_per_token.max(1),
+        max_slots: a.max_slots.max(1),
     })
 }
 

@@ -1,5 +1,10 @@
 //! `tessera render`: an embedded coordinator and local worker slots in one
 //! process, for a first render without any set-up.
+//!
+//! The embedded coordinator listens on loopback with authentication on, like
+//! any other: this process issues itself a fresh random token at start and
+//! hands it to its own worker slots and client, so another local user or
+//! process that finds the port cannot submit, read frames or join as a worker.
 
 use anyhow::{Context, Result};
 use tokio::net::TcpListener;
@@ -9,6 +14,9 @@ use crate::client::{self, Client};
 use crate::commands::{blender_version, prepare, settle, submit_job};
 use crate::RenderArgs;
 use tessera_worker::agent::Access;
+
+/// The user the embedded farm's own token belongs to.
+const LOCAL_USER: &str = "tessera-render";
 
 /// Renders a scene on this machine through a private farm.
 pub async fn render(args: RenderArgs) -> Result<()> {
@@ -22,17 +30,28 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         .data
         .clone()
         .unwrap_or_else(|| scratch.path().join("data"));
-    // A private farm on loopback for this process alone: no tokens to set up.
+    // A private farm on loopback for this process alone, with a token of
+    // its own (new at every run): nothing for the user to set up.
     let config = tessera_coordinator::Config {
-        auth: false,
+        auth: true,
         ..tessera_coordinator::Config::default()
     };
     let coord = tessera_coordinator::Coordinator::open(&data, config)
         .with_context(|| format!("cannot open the data directory {}", data.display()))?;
+    let token = coord
+        .farm()
+        .issue_token(LOCAL_USER, tessera_coordinator::auth::Role::Admin)
+        .with_context(|| format!("cannot issue a token in {}", data.display()))?;
+    let access = Access {
+        url: String::new(),
+        token: Some(token),
+        ca: None,
+    };
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .context("cannot open a local port")?;
     let url = format!("http://{}", listener.local_addr()?);
+    let access = Access { url, ..access };
     let (stop_tx, stop_rx) = watch::channel(false);
     let server = {
         let mut rx = stop_rx.clone();
@@ -46,10 +65,7 @@ pub async fn render(args: RenderArgs) -> Result<()> {
     let slots = args.workers.max(1);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     let config = tessera_worker::agent::WorkerConfig {
-        access: Access {
-            url: url.clone(),
-            ..Access::default()
-        },
+        access: access.clone(),
         name: "local".into(),
         cache: scratch.path().join("cache"),
         slots: tessera_worker::slots::plan(
@@ -73,10 +89,7 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         stop_rx.clone(),
     ));
     let result = async {
-        let mut c = Client::new(&Access {
-            url: url.clone(),
-            ..Access::default()
-        })?;
+        let mut c = Client::new(&access)?;
         let id = submit_job(&mut c, &args.job, frames).await?;
         let job = tokio::select! {
             j = client::wait(&mut c, id) => j?,

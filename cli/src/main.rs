@@ -167,6 +167,16 @@ struct CoordinatorArgs {
     /// Largest gRPC message accepted, in MiB.
     #[arg(long, default_value_t = 4)]
     max_message_mib: u64,
+    /// Largest frame (and tile) accepted, WIDTHxHEIGHT: at most W*H pixels,
+    /// neither side over the larger of W and H. Checked at submit and before stitching.
+    #[arg(long, default_value = "16384x16384")]
+    max_pixels: tessera_coordinator::limits::PixelLimit,
+    /// Most workers one worker token may have online at once.
+    #[arg(long, default_value_t = 1024)]
+    max_workers_per_token: u32,
+    /// Most render slots (and GPUs) one worker may offer.
+    #[arg(long, default_value_t = 256)]
+    max_slots: u32,
     /// TLS certificate chain (PEM) for the gRPC port.
     #[arg(long)]
     tls_cert: Option<PathBuf>,

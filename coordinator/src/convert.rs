@@ -57,6 +57,8 @@ impl From<pb::WorkerInfo> for Registration {
             tags: w.tags,
             memory_bytes: w.memory_bytes,
             notes: w.notes,
+            // Set from the caller's token by the handler, never from the message.
+            owner: String::new(),
         }
     }
 }

@@ -28,6 +28,7 @@ use crate::task::{
 use crate::tiles::{self, Grid, Rect};
 use crate::worker::{WorkerId, WorkerRecord};
 
+mod access;
 mod stitching;
 #[cfg(test)]
 mod trust_tests;
@@ -56,6 +57,13 @@ pub struct Config {
     /// How long a blob nothing references is kept after anyone last touched
     /// it, in ms, before it is deleted (a result naming it may be on its way).
     pub blob_grace_ms: u64,
+    /// The largest frame (and so tile) accepted, checked at submit and
+    /// before stitching.
+    pub max_pixels: crate::limits::PixelLimit,
+    /// Most workers of one token online at once.
+    pub max_workers_per_token: u32,
+    /// Most slots (and GPUs) one worker may offer.
+    pub max_slots: u32,
 }
 
 impl Default for Config {
@@ -71,6 +79,9 @@ impl Default for Config {
             auth: true,
             max_message: 4 << 20,
             blob_grace_ms: 60_000,
+            max_pixels: crate::limits::PixelLimit::default(),
+            max_workers_per_token: 1024,
+            max_slots: 256,
         }
     }
 }
@@ -186,6 +197,9 @@ pub struct Registration {
     pub memory_bytes: u64,
     /// What its hardware probe noted.
     pub notes: Vec<String>,
+    /// The user whose token registers it (set from the token, never from
+    /// the message).
+    pub owner: String,
 }
 
 /// A job with its tasks, as shown to users.
@@ -276,6 +290,8 @@ struct State {
     /// Stitch attempts of a frame that could not read its tiles, and when
     /// the next may run (ms).
     stitch_errors: HashMap<(JobId, u32), (u32, u64)>,
+    /// Who possesses which blob, and who holds which grant (see `access`).
+    access: access::AccessState,
 }
 
 impl State {
@@ -359,6 +375,7 @@ impl Farm {
             workers: snap.workers,
             health: Default::default(),
             users: snap.users,
+            access: access::AccessState::from_grants(snap.grants),
             ..Default::default()
         };
         for task in state.tasks.values_mut().flatten() {
@@ -810,7 +827,7 @@ impl Farm {
     pub fn register(&self, reg: Registration) -> Result<(WorkerId, u64), Error> {
         let now = self.clock.now_ms();
         let mut st = self.lock();
-        let id = match reg.previous.filter(|p| st.workers.contains_key(p)) {
+        let id = match self.check_registration(&st, &reg, now)? {
             Some(p) => p,
             None => {
                 let n = st.next_worker;
@@ -849,6 +866,7 @@ impl Farm {
             tags: reg.tags,
             memory_bytes: reg.memory_bytes,
             notes: reg.notes,
+            owner: reg.owner,
         };
         self.store.write(&[Record::Worker(&record)])?;
         tracing::info!(worker = %id, name = %record.name, slots = record.slots, "worker registered");
@@ -942,6 +960,7 @@ impl Farm {
         };
         *task = new_task;
         *job = new_job;
+        Self::note_grant(&mut st, lease, worker);
         Ok(Some(assignment))
     }
 
@@ -1405,6 +1424,9 @@ mod tests {
             auth: true,
             max_message: 4 << 20,
             blob_grace_ms: 60_000,
+            max_pixels: crate::limits::PixelLimit::default(),
+            max_workers_per_token: 1024,
+            max_slots: 256,
         }
     }
 

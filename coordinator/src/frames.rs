@@ -1,6 +1,5 @@
 //! Frame sets: the `1-250`, `1-100x2`, `1,5,10-20` syntax, and chunking into tasks.
 
-use std::collections::BTreeSet;
 use std::fmt;
 
 /// Why a frame set was refused. Each message names the problem and the fix.
@@ -18,10 +17,12 @@ pub enum FrameSetError {
     /// A step of zero.
     #[error("range `{0}` has a step of 0; use a step of 1 or more, e.g. `1-100x2`")]
     ZeroStep(String),
-    /// More frames than the coordinator accepts in one job.
-    #[error("frame set has {count} frames, over the limit of {max}; split it into several jobs")]
+    /// More frames than the coordinator accepts in one job. Frames are
+    /// counted as listed, before repeats are merged, so that a set is never
+    /// expanded past the limit.
+    #[error("frame set lists {count} frames, over the limit of {max}; split it into several jobs (a frame listed twice counts twice)")]
     TooMany {
-        /// Frames the set would hold.
+        /// Frames the set lists (repeats counted).
         count: u64,
         /// The configured maximum.
         max: u64,
@@ -35,29 +36,41 @@ pub struct FrameSet {
 }
 
 impl FrameSet {
-    /// Parses `spec`, refusing sets with more than `max` frames.
+    /// Parses `spec`, refusing sets that list more than `max` frames.
+    ///
+    /// Time and memory are linear in the text plus `max`: every part is
+    /// counted before any is expanded, and parsing stops at the first part
+    /// that takes the count over `max`. So `"1-50000,"` repeated to 4 MiB is
+    /// refused at its third part instead of being expanded part by part.
     pub fn parse(spec: &str, max: u64) -> Result<Self, FrameSetError> {
-        let spec = spec.trim();
-        if spec.is_empty() {
-            return Err(FrameSetError::Empty);
-        }
-        let mut frames = BTreeSet::new();
-        for part in spec.split(',') {
-            let part = part.trim();
-            let (start, end, step) = parse_part(part)?;
-            // Count before expanding so that `1-4000000000` fails fast.
-            let count = u64::from(end - start) / u64::from(step) + 1;
-            if count + frames.len() as u64 > max {
-                return Err(FrameSetError::TooMany {
-                    count: count + frames.len() as u64,
-                    max,
-                });
+        let mut listed = 0u64;
+        let runs = runs(spec, |count| {
+            listed = listed.saturating_add(count);
+            if listed > max {
+                Err(FrameSetError::TooMany { count: listed, max })
+            } else {
+                Ok(())
             }
+        })?;
+        let mut frames = Vec::with_capacity(usize::try_from(listed).unwrap_or(0));
+        for (start, end, step) in runs {
             frames.extend((start..=end).step_by(step as usize));
         }
-        Ok(Self {
-            frames: frames.into_iter().collect(),
-        })
+        frames.sort_unstable();
+        frames.dedup();
+        Ok(Self { frames })
+    }
+
+    /// Checks the syntax of `spec` without expanding it, whatever its size;
+    /// returns how many frames it lists (repeats counted). For clients, which
+    /// do not know the coordinator's limit.
+    pub fn check(spec: &str) -> Result<u64, FrameSetError> {
+        let mut listed = 0u64;
+        runs(spec, |count| {
+            listed = listed.saturating_add(count);
+            Ok(())
+        })?;
+        Ok(listed)
     }
 
     /// The frames, ascending.
@@ -106,6 +119,25 @@ impl fmt::Display for FrameSet {
         }
         Ok(())
     }
+}
+
+/// The (start, end, step) of every part of `spec`, in order, calling `count`
+/// with each part's frame count before the next part is read.
+fn runs(
+    spec: &str,
+    mut count: impl FnMut(u64) -> Result<(), FrameSetError>,
+) -> Result<Vec<(u32, u32, u32)>, FrameSetError> {
+    let spec = spec.trim();
+    if spec.is_empty() {
+        return Err(FrameSetError::Empty);
+    }
+    let mut runs = Vec::new();
+    for part in spec.split(',') {
+        let (start, end, step) = parse_part(part.trim())?;
+        count(u64::from(end - start) / u64::from(step) + 1)?;
+        runs.push((start, end, step));
+    }
+    Ok(runs)
 }
 
 fn parse_part(part: &str) -> Result<(u32, u32, u32), FrameSetError> {
@@ -200,6 +232,37 @@ mod tests {
             FrameSet::parse("1-6,10-16", 10),
             Err(FrameSetError::TooMany { .. })
         ));
+    }
+
+    #[test]
+    fn a_huge_repetitive_set_is_refused_without_expanding_it() {
+        // 4 MiB of overlapping ranges: expanding each part cost minutes.
+        let part = "1-50000,";
+        let spec = part.repeat((4 << 20) / part.len());
+        assert!(spec.len() > (4 << 20) - part.len());
+        assert_eq!(
+            FrameSet::parse(&spec, 100_000),
+            Err(FrameSetError::TooMany {
+                count: 150_000,
+                max: 100_000
+            })
+        );
+        // A client checks the syntax of all of it, expanding nothing.
+        let listed = FrameSet::check(spec.trim_end_matches(',')).unwrap();
+        assert_eq!(listed, 50_000 * (spec.len() / part.len()) as u64);
+        // Repeats within the limit are merged.
+        assert_eq!(
+            parse("1-3,".repeat(1000).trim_end_matches(',')).unwrap(),
+            vec![1, 2, 3]
+        );
+    }
+
+    #[test]
+    fn check_finds_the_same_errors_as_parse() {
+        for bad in ["", "1-", "5-1", "1-9x0", "a,1"] {
+            assert_eq!(FrameSet::check(bad).err(), parse(bad).err(), "{bad}");
+        }
+        assert_eq!(FrameSet::check("1-4000000000").unwrap(), 4_000_000_000);
     }
 
     #[test]

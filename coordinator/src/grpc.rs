@@ -131,24 +131,26 @@ impl pb::blobs_server::Blobs for BlobsService {
         &self,
         req: Request<pb::MissingBlobsRequest>,
     ) -> Result<Response<pb::MissingBlobsResponse>, Status> {
-        let mut missing = Vec::new();
-        let mut asked = Vec::new();
-        for d in req.into_inner().digests {
-            let parsed = digest("digests", &d)?;
-            asked.push(parsed);
-            if !self.farm.blobs().contains(&parsed) {
-                missing.push(d);
-            }
-        }
+        let who = who(&req)?;
+        let asked = req
+            .into_inner()
+            .digests
+            .iter()
+            .map(|d| digest("digests", d))
+            .collect::<Result<Vec<_>, _>>()?;
         // A result naming these may follow: keep them from the collector.
         self.farm.touch_blobs(&asked);
-        Ok(Response::new(pb::MissingBlobsResponse { missing }))
+        let missing = self.farm.missing_for(&who, &asked);
+        Ok(Response::new(pb::MissingBlobsResponse {
+            missing: missing.iter().map(|d| d.to_hex()).collect(),
+        }))
     }
 
     async fn put_blob(
         &self,
         req: Request<Streaming<pb::BlobChunk>>,
     ) -> Result<Response<pb::PutBlobResponse>, Status> {
+        let who = who(&req)?;
         let mut stream = req.into_inner();
         let first = stream.message().await?.ok_or_else(|| {
             Status::invalid_argument("empty upload; send at least one chunk naming the digest")
@@ -162,9 +164,12 @@ impl pb::blobs_server::Blobs for BlobsService {
         while let Some(chunk) = stream.message().await? {
             writer.write(&chunk.data)?;
         }
-        let already_present = tokio::task::spawn_blocking(move || writer.commit())
-            .await
-            .map_err(|e| Status::internal(e.to_string()))??;
+        // The bytes were re-hashed: the uploader has proved it holds them.
+        let farm = self.farm.clone();
+        let already_present =
+            tokio::task::spawn_blocking(move || farm.record_upload(&who, d, writer.commit()?))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))??;
         tracing::debug!(digest = %d, size, already_present, "blob stored");
         Ok(Response::new(pb::PutBlobResponse {
             digest: d.to_hex(),
@@ -179,7 +184,9 @@ impl pb::blobs_server::Blobs for BlobsService {
         &self,
         req: Request<pb::GetBlobRequest>,
     ) -> Result<Response<ChunkStream>, Status> {
+        let who = who(&req)?;
         let d = digest("digest", &req.into_inner().digest)?;
+        self.farm.check_read(&who, &d)?;
         let blobs: Arc<dyn BlobStore> = self.farm.blobs().clone();
         let size = blobs
             .size(&d)
@@ -224,6 +231,7 @@ impl pb::farm_server::Farm for FarmService {
     ) -> Result<Response<pb::SubmitJobResponse>, Status> {
         let who = who(&req)?;
         let mut sub: crate::farm::Submission = req.into_inner().try_into()?;
+        self.farm.check_submission(&who, &sub)?;
         sub.owner = who.name;
         let id = self.farm.submit(sub)?;
         Ok(Response::new(pb::SubmitJobResponse { job_id: id.0 }))
@@ -325,7 +333,10 @@ impl pb::work_server::Work for WorkService {
         &self,
         req: Request<pb::WorkerInfo>,
     ) -> Result<Response<pb::RegisterResponse>, Status> {
-        let (id, ttl) = self.farm.register(req.into_inner().into())?;
+        let who = who(&req)?;
+        let mut reg: crate::farm::Registration = req.into_inner().into();
+        reg.owner = who.name;
+        let (id, ttl) = self.farm.register(reg)?;
         Ok(Response::new(pb::RegisterResponse {
             worker_id: id.0,
             lease_ttl_ms: ttl.min(u64::from(u32::MAX)) as u32,
@@ -336,8 +347,10 @@ impl pb::work_server::Work for WorkService {
         &self,
         req: Request<pb::LeaseRequest>,
     ) -> Result<Response<pb::LeaseResponse>, Status> {
+        let who = who(&req)?;
         let req = req.into_inner();
         let worker = WorkerId(req.worker_id);
+        self.farm.check_worker(&who, &worker)?;
         let cached: HashSet<_> = req
             .cached_scenes
             .iter()
@@ -358,11 +371,12 @@ impl pb::work_server::Work for WorkService {
         &self,
         req: Request<pb::ProgressRequest>,
     ) -> Result<Response<pb::ProgressResponse>, Status> {
+        let who = who(&req)?;
         let req = req.into_inner();
         let samples = (req.samples_done, req.samples_total);
-        let keep_going = self
-            .farm
-            .progress(lease(&req.lease_id)?, req.frames_done, samples)?;
+        let lease = lease(&req.lease_id)?;
+        self.farm.check_lease(&who, lease)?;
+        let keep_going = self.farm.progress(lease, req.frames_done, samples)?;
         Ok(Response::new(pb::ProgressResponse { keep_going }))
     }
 
@@ -370,6 +384,7 @@ impl pb::work_server::Work for WorkService {
         &self,
         req: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::Ack>, Status> {
+        let who = who(&req)?;
         let req = req.into_inner();
         let outputs = req
             .outputs
@@ -377,6 +392,7 @@ impl pb::work_server::Work for WorkService {
             .map(FrameOutput::try_from)
             .collect::<Result<Vec<_>, _>>()?;
         let lease = lease(&req.lease_id)?;
+        self.farm.check_complete(&who, lease, &outputs)?;
         // Completing the last tile of a frame stitches it: disk and CPU work.
         let farm = self.farm.clone();
         tokio::task::spawn_blocking(move || farm.complete(lease, outputs))
@@ -386,9 +402,12 @@ impl pb::work_server::Work for WorkService {
     }
 
     async fn fail(&self, req: Request<pb::FailRequest>) -> Result<Response<pb::Ack>, Status> {
+        let who = who(&req)?;
         let req = req.into_inner();
+        let lease = lease(&req.lease_id)?;
+        self.farm.check_lease(&who, lease)?;
         self.farm.fail(
-            lease(&req.lease_id)?,
+            lease,
             &req.reason,
             &req.log_tail,
             crate::convert::failure_scope(req.scope, req.permanent),
@@ -400,15 +419,21 @@ impl pb::work_server::Work for WorkService {
         &self,
         req: Request<pb::TelemetryRequest>,
     ) -> Result<Response<pb::Ack>, Status> {
+        let who = who(&req)?;
         let req = req.into_inner();
+        let worker = WorkerId(req.worker_id);
+        self.farm.check_worker(&who, &worker)?;
         let gpus = req.gpus.into_iter().map(Into::into).collect();
         let slots = req.slot_info.iter().map(crate::convert::slot_cap).collect();
-        self.farm.telemetry(&WorkerId(req.worker_id), gpus, slots)?;
+        self.farm.telemetry(&worker, gpus, slots)?;
         Ok(Response::new(pb::Ack {}))
     }
 
     async fn release(&self, req: Request<pb::ReleaseRequest>) -> Result<Response<pb::Ack>, Status> {
-        self.farm.release(lease(&req.into_inner().lease_id)?)?;
+        let who = who(&req)?;
+        let lease = lease(&req.into_inner().lease_id)?;
+        self.farm.check_lease(&who, lease)?;
+        self.farm.release(lease)?;
         Ok(Response::new(pb::Ack {}))
     }
 }

@@ -19,6 +19,7 @@
 //! - [`server`]: opening a data directory and serving.
 //! - [`tiles`]: tile grids, overscan and Blender render borders.
 //! - [`stitch`]: assembling a frame from rendered tiles, pixel for pixel.
+//! - [`limits`]: image size limits (`--max-pixels`), checked before allocating.
 
 pub mod auth;
 pub mod blendfile;
@@ -33,6 +34,7 @@ pub mod grpc;
 pub mod hardware;
 pub mod http;
 pub mod job;
+pub mod limits;
 pub mod metrics;
 pub mod refs;
 pub mod server;

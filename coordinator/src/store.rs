@@ -1,10 +1,11 @@
-//! Durable metadata: jobs, tasks, workers.
+//! Durable metadata: jobs, tasks, workers, users, and which user may use
+//! which blob (grants).
 //!
 //! [`SledStore`] writes each batch in one sled transaction across its trees and
 //! flushes it to disk before returning, so anything acknowledged to a client or
 //! worker survives a crash. [`MemoryStore`] is the twin for unit tests.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -12,6 +13,7 @@ use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::Transactional;
 
 use crate::auth::UserRecord;
+use crate::digest::Digest;
 use crate::error::Error;
 use crate::job::{Job, JobId};
 use crate::task::Task;
@@ -30,6 +32,9 @@ pub enum Record<'a> {
     User(&'a UserRecord),
     /// Deletes the user of this name.
     RemoveUser(&'a str),
+    /// The user of this name uploaded (proved it holds) the blob, and may
+    /// name it in jobs and read it back.
+    Grant(&'a str, Digest),
 }
 
 /// Everything the store holds, read at start-up.
@@ -43,6 +48,8 @@ pub struct Snapshot {
     pub workers: BTreeMap<WorkerId, WorkerRecord>,
     /// Users by name.
     pub users: BTreeMap<String, UserRecord>,
+    /// (user name, blob) pairs: who uploaded or was granted which blob.
+    pub grants: BTreeSet<(String, Digest)>,
 }
 
 /// Durable storage of the coordinator's metadata.
@@ -51,6 +58,23 @@ pub trait MetaStore: Send + Sync + 'static {
     fn load(&self) -> Result<Snapshot, Error>;
     /// Writes `records` atomically; they are durable when this returns.
     fn write(&self, records: &[Record<'_>]) -> Result<(), Error>;
+}
+
+/// `user NUL hex-digest`: user names never hold a NUL (see `auth::check_name`).
+fn grant_key(user: &str, d: &Digest) -> Vec<u8> {
+    format!("{user}\0{d}").into_bytes()
+}
+
+fn parse_grant_key(key: &[u8]) -> Result<(String, Digest), Error> {
+    let bad = || {
+        Error::Store(format!(
+            "corrupt grant key {:?}",
+            String::from_utf8_lossy(key)
+        ))
+    };
+    let text = std::str::from_utf8(key).map_err(|_| bad())?;
+    let (user, hex) = text.split_once('\0').ok_or_else(bad)?;
+    Ok((user.to_string(), hex.parse().map_err(|_| bad())?))
 }
 
 fn task_key(job: JobId, index: u32) -> [u8; 12] {
@@ -67,6 +91,7 @@ pub struct SledStore {
     tasks: sled::Tree,
     workers: sled::Tree,
     users: sled::Tree,
+    grants: sled::Tree,
     /// Makes the next flush fail, for tests of the undo path.
     #[cfg(test)]
     fail_flush: std::sync::atomic::AtomicBool,
@@ -86,6 +111,7 @@ impl SledStore {
             tasks: db.open_tree("tasks")?,
             workers: db.open_tree("workers")?,
             users: db.open_tree("users")?,
+            grants: db.open_tree("grants")?,
             db,
             #[cfg(test)]
             fail_flush: Default::default(),
@@ -123,12 +149,16 @@ impl MetaStore for SledStore {
             let u: UserRecord = serde_json::from_slice(&v)?;
             snap.users.insert(u.name.clone(), u);
         }
+        for item in self.grants.iter() {
+            let (k, _) = item?;
+            snap.grants.insert(parse_grant_key(&k)?);
+        }
         Ok(snap)
     }
 
     fn write(&self, records: &[Record<'_>]) -> Result<(), Error> {
         // (tree, key, value); a value of None deletes. Tree 0 = jobs, written
-        // last (see `load`), 1 = tasks, 2 = workers, 3 = users.
+        // last (see `load`), 1 = tasks, 2 = workers, 3 = users, 4 = grants.
         let mut encoded: Vec<(u8, Vec<u8>, Option<Vec<u8>>)> = Vec::with_capacity(records.len());
         for r in records {
             encoded.push(match r {
@@ -145,6 +175,7 @@ impl MetaStore for SledStore {
                 Record::Worker(w) => (2, w.id.0.as_bytes().to_vec(), Some(serde_json::to_vec(w)?)),
                 Record::User(u) => (3, u.name.as_bytes().to_vec(), Some(serde_json::to_vec(u)?)),
                 Record::RemoveUser(name) => (3, name.as_bytes().to_vec(), None),
+                Record::Grant(user, d) => (4, grant_key(user, d), Some(Vec::new())),
             });
         }
         let before = self.apply(&encoded)?;
@@ -174,8 +205,14 @@ impl SledStore {
         &self,
         encoded: &[(u8, Vec<u8>, Option<Vec<u8>>)],
     ) -> Result<Vec<(u8, Vec<u8>, Option<Vec<u8>>)>, Error> {
-        (&self.jobs, &self.tasks, &self.workers, &self.users)
-            .transaction(|(jobs, tasks, workers, users)| {
+        (
+            &self.jobs,
+            &self.tasks,
+            &self.workers,
+            &self.users,
+            &self.grants,
+        )
+            .transaction(|(jobs, tasks, workers, users, grants)| {
                 let ordered = encoded
                     .iter()
                     .filter(|e| e.0 != 0)
@@ -186,7 +223,8 @@ impl SledStore {
                         0 => jobs,
                         1 => tasks,
                         2 => workers,
-                        _ => users,
+                        3 => users,
+                        _ => grants,
                     };
                     let old = match value {
                         Some(v) => t.insert(key.as_slice(), v.as_slice())?,
@@ -224,6 +262,7 @@ struct Tables {
     tasks: BTreeMap<(JobId, u32), Task>,
     workers: BTreeMap<WorkerId, WorkerRecord>,
     users: BTreeMap<String, UserRecord>,
+    grants: BTreeSet<(String, Digest)>,
 }
 
 /// Metadata in memory, for unit tests.
@@ -248,6 +287,7 @@ impl MetaStore for MemoryStore {
             jobs: inner.jobs.clone(),
             workers: inner.workers.clone(),
             users: inner.users.clone(),
+            grants: inner.grants.clone(),
             ..Default::default()
         };
         for ((job, _), task) in &inner.tasks {
@@ -284,6 +324,9 @@ impl MetaStore for MemoryStore {
                 }
                 Record::RemoveUser(name) => {
                     inner.users.remove(*name);
+                }
+                Record::Grant(user, d) => {
+                    inner.grants.insert((user.to_string(), *d));
                 }
             }
         }
@@ -348,6 +391,30 @@ mod tests {
             vec![0, 1]
         );
         assert!(!snap.tasks.contains_key(&JobId(8)));
+    }
+
+    #[test]
+    fn grants_survive_reopen_in_both_stores() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (Digest::of(b"a"), Digest::of(b"b"));
+        let memory = MemoryStore::default();
+        {
+            let sled = SledStore::open(&dir.path().join("db")).unwrap();
+            for store in [&sled as &dyn MetaStore, &memory] {
+                store
+                    .write(&[Record::Grant("alice", a), Record::Grant("bob.b-1", b)])
+                    .unwrap();
+                // Granting twice stores it once.
+                store.write(&[Record::Grant("alice", a)]).unwrap();
+            }
+        }
+        let sled = SledStore::open(&dir.path().join("db")).unwrap();
+        for store in [&sled as &dyn MetaStore, &memory] {
+            let grants = store.load().unwrap().grants;
+            let want: BTreeSet<(String, Digest)> =
+                [("alice".to_string(), a), ("bob.b-1".to_string(), b)].into();
+            assert_eq!(grants, want);
+        }
     }
 
     #[test]

@@ -52,6 +52,11 @@ pub struct WorkerRecord {
     /// What its hardware probe noted.
     #[serde(default)]
     pub notes: Vec<String>,
+    /// The user (token holder) that registered it: only that token may lease,
+    /// report or send telemetry for it. Empty for records older than this
+    /// field, which no token owns.
+    #[serde(default)]
+    pub owner: String,
 }
 
 impl WorkerRecord {

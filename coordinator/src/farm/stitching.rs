@@ -160,7 +160,12 @@ impl Farm {
                 },
             )
             .collect();
-        let (bytes, ext) = match crate::stitch::stitch(parts.width, parts.height, &pieces) {
+        let (bytes, ext) = match crate::stitch::stitch_within(
+            self.config.max_pixels,
+            parts.width,
+            parts.height,
+            &pieces,
+        ) {
             Ok(ok) => ok,
             Err(e) => return self.stitch_refused(id, frame, &parts, e),
         };

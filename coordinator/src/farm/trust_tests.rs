@@ -36,6 +36,7 @@ fn fixture() -> Fixture {
         auth: true,
         max_message: 4 << 20,
         blob_grace_ms: 2000,
+        ..Config::default()
     };
     let farm = Farm::open(store.clone(), blobs.clone(), clock.clone(), config).unwrap();
     Fixture {

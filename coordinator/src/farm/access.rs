@@ -1,0 +1,329 @@
+//! Who may act for which worker, report which lease, and use which blob.
+//!
+//! - A worker belongs to the user (token holder) that registered it: only
+//!   that token may lease, report or send telemetry for it, and a
+//!   registration naming another token's worker as its previous id gets a
+//!   fresh id instead of taking the worker over.
+//! - A lease id (`job.task.grant`) is checked against the worker it was
+//!   granted to, so guessing one gives nothing.
+//! - Blobs are possessed by proof: a user possesses the blobs it uploaded
+//!   (the upload is re-hashed) and those its jobs reference. `MissingBlobs`
+//!   answers only about possessed blobs, a job may name only possessed blobs,
+//!   and a worker may report only outputs its token uploaded.
+//! - Reads are authorised by reference: a user reads what it possesses; a
+//!   worker reads a job's scene only while one of its workers holds a lease of
+//!   that job; an admin reads anything.
+//!
+//! The gRPC handlers call these checks before the domain function they guard.
+
+use super::*;
+
+/// Leases remembered with their holders before the memory is pruned.
+const HOLDERS_BEFORE_PRUNING: usize = 4096;
+
+/// Possession and lease-holder bookkeeping, part of the farm's [`State`].
+#[derive(Debug, Default)]
+pub(super) struct AccessState {
+    /// Blobs each user uploaded or was granted (durable: [`Record::Grant`]).
+    grants: HashMap<String, HashSet<Digest>>,
+    /// Blobs each user's jobs referenced when last looked: a cache, rebuilt
+    /// from the jobs when a read misses it (references only ever grow).
+    referenced: HashMap<String, HashSet<Digest>>,
+    /// The worker each grant went to, so that a result from an older grant
+    /// (accepted when it is the first) is checked against its own holder.
+    /// In memory only: after a restart only current holders are known.
+    holders: HashMap<LeaseId, WorkerId>,
+    /// How many holders were left at the last pruning.
+    kept: usize,
+}
+
+impl AccessState {
+    /// The bookkeeping for `grants` as the store holds them.
+    pub(super) fn from_grants(grants: BTreeSet<(String, Digest)>) -> Self {
+        let mut by_user: HashMap<String, HashSet<Digest>> = HashMap::new();
+        for (user, d) in grants {
+            by_user.entry(user).or_default().insert(d);
+        }
+        Self {
+            grants: by_user,
+            ..Default::default()
+        }
+    }
+}
+
+impl Farm {
+    /// Fails with `permission denied` unless `who` registered `worker`. An
+    /// unknown worker passes: the call it guards answers "not found", which
+    /// makes a worker register again.
+    pub fn check_worker(&self, who: &Identity, worker: &WorkerId) -> Result<(), Error> {
+        let st = self.lock();
+        match st.workers.get(worker) {
+            Some(w) if w.owner != who.name => Err(Error::PermissionDenied(format!(
+                "worker {worker} is not registered with this token; a worker token acts only for the workers it registered"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Fails with `permission denied` unless `lease` was granted to a worker
+    /// that `who` registered.
+    pub fn check_lease(&self, who: &Identity, lease: LeaseId) -> Result<(), Error> {
+        let st = self.lock();
+        match Self::lease_holder(&st, lease) {
+            Some(w) if st.workers.get(&w).is_some_and(|r| r.owner == who.name) => Ok(()),
+            Some(w) => Err(Error::PermissionDenied(format!(
+                "lease {lease} is held by worker {w}, which is not registered with this token; report only the leases of your own workers"
+            ))),
+            None => Err(Error::PermissionDenied(format!(
+                "lease {lease} was not granted to a worker registered with this token; report only the leases of your own workers"
+            ))),
+        }
+    }
+
+    /// [`Farm::check_lease`], and every output must be a blob `who` uploaded:
+    /// a worker cannot make another user's blob part of a job.
+    pub fn check_complete(
+        &self,
+        who: &Identity,
+        lease: LeaseId,
+        outputs: &[FrameOutput],
+    ) -> Result<(), Error> {
+        self.check_lease(who, lease)?;
+        let st = self.lock();
+        match outputs.iter().find(|o| !Self::possesses(&st, who, &o.digest)) {
+            Some(o) => Err(Error::invalid(format!(
+                "frame {} names blob {} which this worker's token did not upload; upload it, then report the result",
+                o.frame, o.digest
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks what a job names before it is submitted: its scene must be a
+    /// blob `who` possesses (the same answer as for a blob never uploaded, so
+    /// a learned digest tells nothing), and the scene's output must fit
+    /// `--max-pixels`.
+    pub fn check_submission(&self, who: &Identity, sub: &Submission) -> Result<(), Error> {
+        if let Some(info) = &sub.scene_info {
+            self.config
+                .max_pixels
+                .check(
+                    "the scene's output",
+                    u64::from(info.width),
+                    u64::from(info.height),
+                )
+                .map_err(|e| Error::Invalid(e.to_string()))?;
+        }
+        let st = self.lock();
+        if Self::possesses(&st, who, &sub.scene) && self.blobs.contains(&sub.scene) {
+            Ok(())
+        } else {
+            Err(Error::invalid(format!(
+                "scene {} has not been uploaded by you; upload it before submitting (tessera submit does this)",
+                sub.scene
+            )))
+        }
+    }
+
+    /// The digests among `digests` that `who` should upload: those the store
+    /// lacks, and those `who` does not possess (whether another user stored
+    /// them is not revealed; the upload proves possession and is stored once).
+    pub fn missing_for(&self, who: &Identity, digests: &[Digest]) -> Vec<Digest> {
+        let st = self.lock();
+        digests
+            .iter()
+            .filter(|d| !Self::possesses(&st, who, d) || !self.blobs.contains(d))
+            .copied()
+            .collect()
+    }
+
+    /// Records that `who` uploaded `d` (its bytes were re-hashed), durably.
+    /// Returns what to report as "already present": whether `who` possessed
+    /// it before, never whether someone else had stored it.
+    pub fn record_upload(
+        &self,
+        who: &Identity,
+        d: Digest,
+        stored_before: bool,
+    ) -> Result<bool, Error> {
+        let mut st = self.lock();
+        let had = Self::possesses(&st, who, &d);
+        if !st
+            .access
+            .grants
+            .get(&who.name)
+            .is_some_and(|g| g.contains(&d))
+        {
+            self.store.write(&[Record::Grant(&who.name, d)])?;
+            st.access
+                .grants
+                .entry(who.name.clone())
+                .or_default()
+                .insert(d);
+        }
+        Ok(stored_before && had)
+    }
+
+    /// Fails with "not found" (as for a missing blob) unless `who` may read
+    /// `d`: an admin reads anything; a user what it uploaded or its jobs use;
+    /// a worker a job's scene while one of its workers holds a lease of it.
+    pub fn check_read(&self, who: &Identity, d: &Digest) -> Result<(), Error> {
+        let mut st = self.lock();
+        let allowed = match who.role {
+            Role::Admin => true,
+            Role::Worker => Self::leases_scene(&st, who, d),
+            Role::User => {
+                Self::possesses(&st, who, d) || {
+                    Self::refresh_referenced(&mut st, &who.name);
+                    Self::possesses(&st, who, d)
+                }
+            }
+        };
+        if allowed {
+            Ok(())
+        } else {
+            Err(Error::NotFound(format!("blob {d}")))
+        }
+    }
+
+    /// Issues a new token for user `name` with `role`, creating the user or
+    /// replacing its old token (which stops working at once). For the
+    /// embedded farm of `tessera render`, which runs with a token of its own.
+    pub fn issue_token(&self, name: &str, role: Role) -> Result<String, Error> {
+        auth::check_name(name)?;
+        let token = auth::new_token()?;
+        let record = UserRecord {
+            name: name.to_string(),
+            role,
+            token_hash: auth::token_hash(&token),
+            created_ms: self.clock.now_ms(),
+        };
+        let mut st = self.lock();
+        self.store.write(&[Record::User(&record)])?;
+        st.users.insert(name.to_string(), record);
+        Ok(token)
+    }
+
+    /// Checks a registration against `--max-slots` and
+    /// `--max-workers-per-token`; returns the previous id it may take up
+    /// again (only one its own token registered).
+    pub(super) fn check_registration(
+        &self,
+        st: &State,
+        reg: &Registration,
+        now: u64,
+    ) -> Result<Option<WorkerId>, Error> {
+        let max = self.config.max_slots;
+        let offered = [
+            (reg.slots as usize, "slots", "start it with fewer --slots"),
+            (
+                reg.slot_caps.len(),
+                "slot descriptions",
+                "start it with fewer --slots",
+            ),
+            (
+                reg.gpus.len(),
+                "GPUs",
+                "start it with fewer --fake-gpu or split the machine",
+            ),
+        ];
+        if let Some((n, what, fix)) = offered.iter().find(|(n, _, _)| *n > max as usize) {
+            return Err(Error::invalid(format!(
+                "the worker reports {n} {what}, over the limit of {max} (--max-slots); {fix}, or ask the farm's admin to raise --max-slots"
+            )));
+        }
+        let resumed = match &reg.previous {
+            Some(p) => match st.workers.get(p) {
+                Some(w) if w.owner == reg.owner => Some(p.clone()),
+                Some(_) => {
+                    tracing::warn!(worker = %p, user = %reg.owner, "a registration named another token's worker as its previous id; it gets a fresh id");
+                    None
+                }
+                None => None,
+            },
+            None => None,
+        };
+        if resumed.is_none() {
+            let limit = self.config.max_workers_per_token;
+            let online = st
+                .workers
+                .values()
+                .filter(|w| w.owner == reg.owner && self.online(w, now))
+                .count();
+            if online >= limit as usize {
+                return Err(Error::invalid(format!(
+                    "the token of {} already has {online} workers online, the limit (--max-workers-per-token {limit}); stop one, or give this machine a worker token of its own",
+                    reg.owner
+                )));
+            }
+        }
+        Ok(resumed)
+    }
+
+    /// Remembers that grant `lease` went to `worker`, forgetting holders of
+    /// finished tasks now and then.
+    pub(super) fn note_grant(st: &mut State, lease: LeaseId, worker: &WorkerId) {
+        st.access.holders.insert(lease, worker.clone());
+        let len = st.access.holders.len();
+        if len > HOLDERS_BEFORE_PRUNING.max(2 * st.access.kept) {
+            let State { access, tasks, .. } = st;
+            access.holders.retain(|l, _| {
+                tasks
+                    .get(&l.job)
+                    .and_then(|t| t.get(l.task as usize))
+                    .is_some_and(|t| {
+                        matches!(t.state, TaskState::Queued | TaskState::Leased { .. })
+                    })
+            });
+            access.kept = access.holders.len();
+        }
+    }
+
+    /// The worker grant `lease` went to, when known.
+    fn lease_holder(st: &State, lease: LeaseId) -> Option<WorkerId> {
+        if let Some(w) = st.access.holders.get(&lease) {
+            return Some(w.clone());
+        }
+        let task = st.tasks.get(&lease.job)?.get(lease.task as usize)?;
+        match &task.state {
+            TaskState::Leased { worker, grant, .. } if *grant == lease.grant => {
+                Some(worker.clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether `who` uploaded `d`, was granted it, or (as last looked) one of
+    /// its jobs references it. Admins possess everything.
+    fn possesses(st: &State, who: &Identity, d: &Digest) -> bool {
+        let has =
+            |m: &HashMap<String, HashSet<Digest>>| m.get(&who.name).is_some_and(|s| s.contains(d));
+        who.is_admin() || has(&st.access.grants) || has(&st.access.referenced)
+    }
+
+    /// Rebuilds the cache of blobs `user`'s jobs reference.
+    fn refresh_referenced(st: &mut State, user: &str) {
+        let mut set = HashSet::new();
+        for job in st.jobs.values().filter(|j| j.owner == user) {
+            let tasks = st.tasks.get(&job.id).map_or(&[][..], |t| t.as_slice());
+            set.extend(refs::all_refs(job, tasks));
+        }
+        st.access.referenced.insert(user.to_string(), set);
+    }
+
+    /// Whether `d` is the scene of a job that a worker of `who` holds a lease of.
+    fn leases_scene(st: &State, who: &Identity, d: &Digest) -> bool {
+        st.jobs.values().filter(|j| j.scene == *d).any(|j| {
+            st.tasks.get(&j.id).is_some_and(|tasks| {
+                tasks.iter().any(|t| {
+                    t.holder()
+                        .and_then(|h| st.workers.get(h))
+                        .is_some_and(|w| w.owner == who.name)
+                })
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;
