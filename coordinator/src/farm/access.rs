@@ -54,10 +54,14 @@ impl AccessState {
 impl Farm {
     /// Fails with `permission denied` unless `who` registered `worker`. An
     /// unknown worker passes: the call it guards answers "not found", which
-    /// makes a worker register again.
+    /// makes a worker register again. So does a worker registered before
+    /// workers had owners: it registers again and gets an id of its own.
     pub fn check_worker(&self, who: &Identity, worker: &WorkerId) -> Result<(), Error> {
         let st = self.lock();
         match st.workers.get(worker) {
+            Some(w) if w.owner.is_empty() => Err(Error::NotFound(format!(
+                "worker {worker} (it was registered without an owner; register again)"
+            ))),
             Some(w) if w.owner != who.name => Err(Error::PermissionDenied(format!(
                 "worker {worker} is not registered with this token; a worker token acts only for the workers it registered"
             ))),

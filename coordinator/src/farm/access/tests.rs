@@ -179,6 +179,15 @@ fn a_worker_token_acts_only_for_its_own_workers_and_leases() {
     );
     // Its own token takes it up again.
     assert_eq!(register(&f.farm, "render-01", Some(&w1)).unwrap(), w1);
+    // A worker registered before workers had owners is told to register
+    // again, and then gets an id of its own.
+    let legacy = register(&f.farm, "", None).unwrap();
+    let err = f.farm.check_worker(&ours, &legacy).unwrap_err();
+    assert!(matches!(err, Error::NotFound(_)), "{err}");
+    assert_ne!(
+        register(&f.farm, "render-01", Some(&legacy)).unwrap(),
+        legacy
+    );
 }
 
 #[test]

@@ -13,6 +13,7 @@ use tessera_coordinator::digest::Digest;
 use tessera_coordinator::farm::{Registration, Submission};
 use tessera_coordinator::frames::FrameSet;
 use tessera_coordinator::hardware::{Gpu, Requirements};
+use tessera_coordinator::limits::PixelLimit;
 use tessera_coordinator::task::{FrameOutput, LeaseId};
 use tessera_coordinator::tiles::{self, Grid};
 use tessera_proto as pb;
@@ -132,6 +133,8 @@ fn job_spec(m: pb::JobSpec) {
     let sub = Submission::try_from(m.clone());
     let scene = digest("scene_digest", &m.scene_digest);
     assert_eq!(sub.is_ok(), scene.is_ok());
+    // The owner comes from the caller's token, never from the message.
+    assert!(sub.as_ref().map_or(true, |s| s.owner.is_empty()));
     check_digest(&m.scene_digest);
 
     if let Ok(set) = FrameSet::parse(&m.frames, MAX_FRAMES) {
@@ -148,6 +151,11 @@ fn job_spec(m: pb::JobSpec) {
         assert!(grid.cols >= 1 && grid.rows >= 1);
         assert_eq!(grid.to_string().parse::<Grid>(), Ok(grid));
         if let Some(info) = &m.scene_info {
+            // `--max-pixels` is checked on the scene's size before any split.
+            let limit = PixelLimit::default();
+            let (w, h) = (u64::from(info.width), u64::from(info.height));
+            let fits = limit.check("the scene's output", w, h).is_ok();
+            assert_eq!(fits, w <= 16384 && h <= 16384);
             if let Ok(rects) = tiles::split(info.width, info.height, grid, MAX_TILES) {
                 assert_eq!(rects.len() as u64, grid.count());
                 let area: u64 = rects.iter().map(|r| u64::from(r.w) * u64::from(r.h)).sum();
@@ -171,6 +179,8 @@ fn worker_info(m: pb::WorkerInfo) {
     assert_eq!(reg.gpus.len(), gpus.len());
     assert_eq!(reg.slot_caps.len(), slots.len());
     assert_eq!(reg.previous.is_some(), !m.previous_id.is_empty());
+    // The owner comes from the caller's token, never from the message.
+    assert!(reg.owner.is_empty());
     gpus.into_iter().for_each(check_gpu);
     // Tags reach `Requirements` matching; cached scenes are digests.
     let _ = Requirements::parse(&m.device, 0.0, &m.tags);
