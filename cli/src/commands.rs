@@ -483,6 +483,7 @@ pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Re
         device: job.device.clone(),
         min_vram_gb: job.min_vram,
         tags: job.tag.clone(),
+        file_set_digest: String::new(),
     };
     let id = c
         .farm

@@ -37,6 +37,10 @@ impl TryFrom<pb::JobSpec> for Submission {
             device: s.device,
             min_vram_gb: s.min_vram_gb,
             tags: s.tags,
+            file_set: match s.file_set_digest.as_str() {
+                "" => None,
+                d => Some(digest("file_set_digest", d)?),
+            },
             // Set from the caller's token by the handler, never from the message.
             owner: String::new(),
         })
@@ -171,6 +175,8 @@ impl From<&JobSnapshot> for pb::JobView {
             tags: j.requirements.tags.clone(),
             waiting: s.waiting.clone().unwrap_or_default(),
             owner: j.owner.clone(),
+            file_set_digest: j.file_set.map(|d| d.to_hex()).unwrap_or_default(),
+            missing_files: j.missing_files.clone(),
         }
     }
 }
@@ -240,6 +246,7 @@ impl From<&Assignment> for pb::TaskAssignment {
                 border_max_y: t.border.3,
             }),
             device: a.device.name().into(),
+            file_set_digest: a.file_set.map(|d| d.to_hex()).unwrap_or_default(),
         }
     }
 }

@@ -104,6 +104,8 @@ pub struct Submission {
     pub tags: Vec<String>,
     /// Who submits it.
     pub owner: String,
+    /// The job's file set blob (uploaded beforehand, like its entries).
+    pub file_set: Option<Digest>,
 }
 
 /// Facts about a scene read with Blender by the submitter.
@@ -159,6 +161,8 @@ pub struct Assignment {
     pub tile: Option<AssignedTile>,
     /// The Cycles device to render with.
     pub device: Device,
+    /// The job's file set blob, when it has one.
+    pub file_set: Option<Digest>,
 }
 
 /// What a worker says about itself when it registers.
@@ -273,6 +277,8 @@ struct State {
     /// stitched yet: the stitch queue (derived from the records, so a crash
     /// loses nothing).
     to_stitch: BTreeSet<(JobId, u32)>,
+    /// The entries of each job's file set, by file-set blob.
+    file_sets: HashMap<Digest, Arc<[Digest]>>,
     /// Stitch attempts of a frame that could not read its tiles, and when
     /// the next may run (ms).
     stitch_errors: HashMap<(JobId, u32), (u32, u64)>,
@@ -284,7 +290,11 @@ impl State {
     fn install(&mut self, job: Job, changed: Vec<Task>, now: u64) {
         let id = job.id;
         let old = match self.jobs.get(&id) {
-            Some(j) => refs::all_refs(j, self.tasks.get(&id).map_or(&[], |t| t.as_slice())),
+            Some(j) => refs::all_refs(
+                j,
+                self.files_of(j),
+                self.tasks.get(&id).map_or(&[], |t| t.as_slice()),
+            ),
             None => Vec::new(),
         };
         let list = self.tasks.entry(id).or_default();
@@ -296,7 +306,8 @@ impl State {
             }
         }
         self.jobs.insert(id, job);
-        for d in refs::all_refs(&self.jobs[&id], &self.tasks[&id]) {
+        let job = &self.jobs[&id];
+        for d in refs::all_refs(job, self.files_of(job), &self.tasks[&id]) {
             self.refs.add(d);
         }
         for d in old {
@@ -305,6 +316,13 @@ impl State {
             }
         }
         self.queue_ready_frames(id);
+    }
+
+    /// The entries of `job`'s file set (none without one).
+    fn files_of(&self, job: &Job) -> &[Digest] {
+        job.file_set
+            .and_then(|d| self.file_sets.get(&d))
+            .map_or(&[], |f| f)
     }
 
     /// Puts the frames of job `id` whose tiles are all done, and that are not
@@ -368,8 +386,27 @@ impl Farm {
         }
         let ids: Vec<JobId> = state.jobs.keys().copied().collect();
         for id in ids {
+            if let Some(d) = state.jobs[&id].file_set {
+                if let std::collections::hash_map::Entry::Vacant(e) = state.file_sets.entry(d) {
+                    match blobs
+                        .read(&d)
+                        .and_then(|b| crate::fileset::check(&b, &state.jobs[&id].scene))
+                    {
+                        Ok((_, info)) => {
+                            e.insert(info.blobs.into());
+                        }
+                        Err(err) => {
+                            tracing::error!(job = %id, "cannot read the job's file set {d}: {err}")
+                        }
+                    }
+                }
+            }
+            let files = state.jobs[&id]
+                .file_set
+                .and_then(|d| state.file_sets.get(&d).cloned())
+                .unwrap_or_else(|| Arc::from(Vec::new()));
             let tasks = state.tasks.entry(id).or_default();
-            for d in refs::all_refs(&state.jobs[&id], tasks) {
+            for d in refs::all_refs(&state.jobs[&id], &files, tasks) {
                 state.refs.add(d);
             }
             // Tiles of stitched frames that a crash kept from being collected.
@@ -496,6 +533,14 @@ impl Farm {
             (0, 0, Vec::new())
         };
         let requirements = Requirements::parse(&sub.device, sub.min_vram_gb, &sub.tags)?;
+        let file_set = sub
+            .file_set
+            .map(|d| self.check_file_set(&d, &sub.scene))
+            .transpose()?;
+        let missing_files = file_set
+            .as_ref()
+            .map(|i| i.missing.clone())
+            .unwrap_or_default();
         let now = self.clock.now_ms();
         let mut st = self.lock();
         let id = JobId(st.next_job);
@@ -546,6 +591,8 @@ impl Farm {
             requirements,
             failures_by_worker: Default::default(),
             owner: sub.owner.clone(),
+            file_set: sub.file_set,
+            missing_files,
         };
         let mut records: Vec<Record<'_>> = tasks.iter().map(Record::Task).collect();
         records.push(Record::Job(&job));
@@ -554,10 +601,43 @@ impl Farm {
         st.next_job += 1;
         self.store.write(&records)?;
         tracing::info!(job = %id, scene = %job.scene_name, frames = %job.frames, tiles = %job.grid, tasks = tasks.len(), "job submitted");
+        if let (Some(d), Some(info)) = (sub.file_set, file_set) {
+            st.file_sets.insert(d, info.blobs.into());
+        }
         st.install(job, tasks, now);
         drop(st);
         self.queued.notify_waiters();
         Ok(id)
+    }
+
+    /// Checks a submitted file set: a valid message whose entries are all stored.
+    fn check_file_set(
+        &self,
+        d: &Digest,
+        scene: &Digest,
+    ) -> Result<crate::fileset::FileSetInfo, Error> {
+        let bytes = self.blobs.read(d).map_err(|e| match e {
+            Error::NotFound(_) => Error::invalid(format!(
+                "file set {d} has not been uploaded; upload it before submitting (tessera submit does this)"
+            )),
+            other => other,
+        })?;
+        let (set, info) = crate::fileset::check(&bytes, scene)?;
+        let absent: Vec<&str> = set
+            .files
+            .iter()
+            .zip(&info.blobs)
+            .filter(|(_, b)| !self.blobs.contains(b))
+            .map(|(f, _)| f.path.as_str())
+            .take(10)
+            .collect();
+        if !absent.is_empty() {
+            return Err(Error::invalid(format!(
+                "the file set names files that were not uploaded ({}); upload them first (tessera submit does this)",
+                absent.join(", ")
+            )));
+        }
+        Ok(info)
     }
 
     /// One job and its tasks.
@@ -939,6 +1019,7 @@ impl Farm {
                 border: tiles::blender_border(t.rendered, job.width, job.height),
             }),
             device: job.requirements.device_for(&cap),
+            file_set: job.file_set,
         };
         *task = new_task;
         *job = new_job;
@@ -1423,6 +1504,7 @@ mod tests {
             min_vram_gb: 0.0,
             tags: Vec::new(),
             owner: "alice".into(),
+            file_set: None,
         }
     }
 

@@ -66,6 +66,7 @@ fn submission(scene: Digest, frames: &str, tiles: &str) -> Submission {
         min_vram_gb: 0.0,
         tags: Vec::new(),
         owner: "alice".into(),
+        file_set: None,
     }
 }
 
