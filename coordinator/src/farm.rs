@@ -106,6 +106,8 @@ pub struct Submission {
     pub owner: String,
     /// The job's file set blob (uploaded beforehand, like its entries).
     pub file_set: Option<Digest>,
+    /// Blender features the scene needs.
+    pub features: Vec<String>,
 }
 
 /// Facts about a scene read with Blender by the submitter.
@@ -190,6 +192,8 @@ pub struct Registration {
     pub memory_bytes: u64,
     /// What its hardware probe noted.
     pub notes: Vec<String>,
+    /// What its Blender offers.
+    pub features: Vec<String>,
 }
 
 /// A job with its tasks, as shown to users.
@@ -532,7 +536,8 @@ impl Farm {
         } else {
             (0, 0, Vec::new())
         };
-        let requirements = Requirements::parse(&sub.device, sub.min_vram_gb, &sub.tags)?;
+        let requirements = Requirements::parse(&sub.device, sub.min_vram_gb, &sub.tags)?
+            .with_features(&sub.features)?;
         let file_set = sub
             .file_set
             .map(|d| self.check_file_set(&d, &sub.scene))
@@ -929,6 +934,7 @@ impl Farm {
             tags: reg.tags,
             memory_bytes: reg.memory_bytes,
             notes: reg.notes,
+            features: reg.features,
         };
         self.store.write(&[Record::Worker(&record)])?;
         tracing::info!(worker = %id, name = %record.name, slots = record.slots, "worker registered");
@@ -976,6 +982,7 @@ impl Farm {
         let record = &st.workers[worker];
         let cap = record.slot_cap(slot);
         let tags = record.tags.clone();
+        let features = record.features.clone();
         let available = |w: &WorkerRecord| self.available(&st, w, now);
         let Some((job_id, index)) = pick(
             &st,
@@ -986,6 +993,7 @@ impl Farm {
                 slot: &cap,
                 tags: &tags,
                 available: &available,
+                features: &features,
             },
             online,
             self.config.block_after,
@@ -1357,11 +1365,14 @@ struct Asker<'a> {
     tags: &'a [String],
     /// Whether a worker takes work now (online, not drained).
     available: &'a dyn Fn(&WorkerRecord) -> bool,
+    /// What the worker's Blender offers.
+    features: &'a [String],
 }
 
 /// Whether any slot of `w` can render `job`.
 fn capable(job: &Job, w: &WorkerRecord) -> bool {
-    (0..w.slots).any(|s| job.requirements.satisfied_by(&w.slot_cap(s), &w.tags))
+    job.requirements.features_met(&w.features)
+        && (0..w.slots).any(|s| job.requirements.satisfied_by(&w.slot_cap(s), &w.tags))
 }
 
 /// Whether `worker` may take tasks of `job` despite its failures there: when
@@ -1402,6 +1413,7 @@ fn pick(st: &State, asker: &Asker<'_>, online: usize, block_after: u32) -> Optio
         slot,
         tags,
         available,
+        features,
     } = *asker;
     let mut candidates: Vec<(&Job, usize)> = st
         .jobs
@@ -1410,6 +1422,7 @@ fn pick(st: &State, asker: &Asker<'_>, online: usize, block_after: u32) -> Optio
             !j.state.is_final()
                 && j.state != JobState::Paused
                 && j.requirements.satisfied_by(slot, tags)
+                && j.requirements.features_met(features)
         })
         .filter(|j| may_serve(st, j, worker, block_after, available))
         .map(|j| {
@@ -1505,6 +1518,7 @@ mod tests {
             tags: Vec::new(),
             owner: "alice".into(),
             file_set: None,
+            features: Vec::new(),
         }
     }
 

@@ -52,6 +52,9 @@ pub struct WorkerRecord {
     /// What its hardware probe noted.
     #[serde(default)]
     pub notes: Vec<String>,
+    /// What its Blender offers (see [`crate::hardware::FEATURES`]).
+    #[serde(default)]
+    pub features: Vec<String>,
 }
 
 impl WorkerRecord {

@@ -36,7 +36,14 @@ int(bool(getattr(_cycles, 'with_osl', False))))";
 /// GL context here (an X or Wayland display is set).
 pub async fn probe(blender: &Path, display: bool) -> Result<BlenderCaps, Error> {
     let out = tokio::process::Command::new(blender)
-        .args(["-b", "--factory-startup", "--python-exit-code", "3", "--python-expr", PROBE])
+        .args([
+            "-b",
+            "--factory-startup",
+            "--python-exit-code",
+            "3",
+            "--python-expr",
+            PROBE,
+        ])
         .env_remove("TESSERA_TOKEN")
         .output()
         .await
@@ -56,7 +63,9 @@ pub async fn probe(blender: &Path, display: bool) -> Result<BlenderCaps, Error> 
 
 /// Reads the probe's `TESSERA_CAPS` line.
 fn parse(stdout: &str, display: bool) -> Option<BlenderCaps> {
-    let line = stdout.lines().find_map(|l| l.strip_prefix("TESSERA_CAPS "))?;
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("TESSERA_CAPS "))?;
     let parts: Vec<&str> = line.split_whitespace().collect();
     let [version, oidn, osl] = parts.as_slice() else {
         return None;
@@ -87,7 +96,10 @@ mod tests {
         assert_eq!(caps.version, "3.4.1");
         assert_eq!(caps.features, vec!["osl".to_string()]);
         let caps = parse("TESSERA_CAPS 4.2.0 1 0", true).unwrap();
-        assert_eq!(caps.features, vec!["openimagedenoise".to_string(), "eevee".to_string()]);
+        assert_eq!(
+            caps.features,
+            vec!["openimagedenoise".to_string(), "eevee".to_string()]
+        );
         assert!(parse("Error: nothing", false).is_none());
     }
 }
