@@ -48,6 +48,21 @@ impl Client {
         }
     }
 
+    /// Uploads `bytes` as blob `digest`.
+    pub async fn put_bytes(&mut self, digest: &str, bytes: Vec<u8>) -> Result<()> {
+        let size = bytes.len() as u64;
+        let chunk = pb::BlobChunk {
+            digest: digest.to_string(),
+            size,
+            data: bytes,
+        };
+        self.blobs
+            .put_blob(tokio_stream::iter(vec![chunk]))
+            .await
+            .map_err(|s| self.explain(s))?;
+        Ok(())
+    }
+
     /// One job.
     pub async fn job(&mut self, id: u64) -> Result<pb::JobView> {
         let r = self.farm.get_job(pb::JobRef { job_id: id }).await;
@@ -142,19 +157,6 @@ pub fn check_frames(frames: &str) -> Result<()> {
     FrameSet::check(frames)
         .map(drop)
         .map_err(|e| anyhow!("{e}"))
-}
-
-/// Uploads the scene if the coordinator lacks it; returns (digest, bytes sent).
-pub async fn upload_scene(client: &mut Client, scene: &Path) -> Result<(String, u64)> {
-    let (digest, size) = transfer::hash_file(scene).await?;
-    let sent = transfer::upload_file(&mut client.blobs, scene, &digest, size)
-        .await
-        .map_err(|e| match e {
-            tessera_worker::Error::Rpc(s) => client.explain(s),
-            other => anyhow!(other),
-        })
-        .with_context(|| format!("cannot upload {}", scene.display()))?;
-    Ok((digest, sent))
 }
 
 /// A progress bar for a job, on stderr.

@@ -8,6 +8,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::client::{self, Client};
+use crate::fileset;
 use crate::{show, Cli, Command, CoordinatorArgs, JobArgs, SubmitArgs, UsersCommand, WorkerArgs};
 use tessera_worker::agent::Access;
 
@@ -91,6 +92,11 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Coordinator(args) => coordinator(args).await,
         Command::Worker(args) => worker(&url, args).await,
         Command::Submit(args) => submit(&url, args).await,
+        Command::Deps {
+            scene,
+            json,
+            blender,
+        } => deps(&url, &scene, &blender, json.json).await,
         Command::Users(cmd) => users(&url, cmd).await,
         Command::Jobs(j) => {
             let mut c = Client::new(&url)?;
@@ -321,8 +327,19 @@ pub async fn blender_version(blender: &std::path::Path) -> Result<String> {
     Ok(tessera_worker::blender::blender_version(blender).await?)
 }
 
+/// The worker's Blender version line and what it can render, asked at once.
+pub async fn blender_caps(blender: &std::path::Path) -> Result<(String, Vec<String>)> {
+    let display =
+        std::env::var_os("DISPLAY").is_some() || std::env::var_os("WAYLAND_DISPLAY").is_some();
+    let (version, caps) = tokio::join!(
+        blender_version(blender),
+        tessera_worker::capabilities::probe(blender, display)
+    );
+    Ok((version?, caps?.features))
+}
+
 async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
-    let version = blender_version(&args.blender).await?;
+    let (version, features) = blender_caps(&args.blender).await?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     let choice =
         tessera_worker::slots::DeviceChoice::parse(&args.device).map_err(anyhow::Error::msg)?;
@@ -381,6 +398,7 @@ async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
         cache: args.cache,
         slots: plans,
         blender_version: version.clone(),
+        blender_features: features,
         threads: args.threads.or(Some((cores / slots).max(1))),
         hardware,
         tags: args.tag.clone(),
@@ -420,10 +438,32 @@ pub fn render_mode(fresh: bool, idle_s: f64) -> Result<tessera_worker::agent::Re
     })
 }
 
-/// A checked submission: the frame set and, when read, the scene's facts.
+/// A checked submission: the frame set, the scene's facts when read, and
+/// its files laid out under the job root.
 pub struct Prepared {
     frames: String,
     facts: Option<client::SceneFacts>,
+    layout: fileset::Layout,
+    /// Blender features the scene needs.
+    features: Vec<String>,
+    /// The Blender version that saved the scene.
+    saved_with: String,
+}
+
+impl Prepared {
+    /// The features the scene needs that `have` lacks, by their display names.
+    pub fn lacking(&self, have: &[String]) -> Vec<String> {
+        self.features
+            .iter()
+            .filter(|f| !have.contains(f))
+            .map(|f| {
+                tessera_coordinator::hardware::FEATURES
+                    .iter()
+                    .find(|(k, _)| k == f)
+                    .map_or(f.clone(), |(_, name)| name.to_string())
+            })
+            .collect()
+    }
 }
 
 /// Checks the scene, frames and tiles; reads the scene with Blender when the
@@ -453,16 +493,90 @@ pub async fn prepare(job: &JobArgs) -> Result<Prepared> {
         tessera_coordinator::tiles::split(f.width, f.height, grid, u32::MAX)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
-    Ok(Prepared { frames, facts })
+    let trace = fileset::trace(&job.blender, &job.scene).await?;
+    let layout = fileset::layout(&job.scene, &trace)?;
+    if !layout.missing.is_empty() && !job.allow_missing {
+        bail!(
+            "the scene refers to {} file(s) that do not exist:\n  {}\nput them back, fix the paths in Blender, or submit with --allow-missing to render without them",
+            layout.missing.len(),
+            layout.missing.join("\n  ")
+        );
+    }
+    Ok(Prepared {
+        frames,
+        facts,
+        layout,
+        features: fileset::features(&trace),
+        saved_with: trace.saved_with.clone(),
+    })
+}
+
+/// Warns when the scene was saved by a newer Blender than any worker runs:
+/// Blender reads newer files with data loss.
+async fn warn_if_newer(c: &mut Client, saved_with: &str) {
+    let Some(saved) = fileset::version(saved_with) else {
+        return;
+    };
+    let Ok(workers) = c.farm.list_workers(pb::ListWorkersRequest {}).await else {
+        return;
+    };
+    let newest = workers
+        .into_inner()
+        .workers
+        .iter()
+        .filter_map(|w| fileset::version(w.blender_version.trim_start_matches("Blender ")))
+        .max();
+    if let Some(newest) = newest.filter(|n| *n < saved) {
+        eprintln!(
+            "warning: the scene was saved by Blender {saved_with}, newer than any worker's ({}.{}.{}); Blender reads newer files with data loss: save it with the workers' version, or upgrade their Blender",
+            newest.0, newest.1, newest.2
+        );
+    }
+}
+
+/// Hashes the scene's files and uploads those the coordinator lacks; returns
+/// the scene's digest, the file set's digest (None for a self-contained
+/// scene) and the bytes sent.
+async fn upload_files(
+    c: &mut Client,
+    layout: &fileset::Layout,
+) -> Result<(String, Option<String>, u64)> {
+    let mut cache = fileset::HashCache::load();
+    let entries = fileset::hash_all(layout, &mut cache, false).await?;
+    cache.save();
+    let scene = entries[0].digest.clone();
+    let self_contained =
+        entries.len() == 1 && layout.mappings.is_empty() && layout.missing.is_empty();
+    let manifest = (!self_contained).then(|| fileset::manifest(layout, entries.clone()));
+    let manifest_digest = manifest
+        .as_ref()
+        .map(|m| blake3::hash(m).to_hex().to_string());
+    let mut digests: Vec<String> = entries.iter().map(|e| e.digest.clone()).collect();
+    digests.extend(manifest_digest.clone());
+    let lacking = fileset::missing(c, digests).await?;
+    let mut sent = fileset::upload(c, layout, &entries, &lacking, false).await?;
+    if let (Some(m), Some(d)) = (manifest, &manifest_digest) {
+        if lacking.contains(d) {
+            c.put_bytes(d, m).await?;
+            sent += 1;
+        }
+    }
+    Ok((scene, manifest_digest, sent))
 }
 
 /// Uploads and submits; returns the job id.
 pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Result<u64> {
-    let (digest, sent) = client::upload_scene(c, &job.scene).await?;
-    if sent == 0 {
-        eprintln!("scene already on the coordinator; 0 bytes uploaded");
-    } else {
-        eprintln!("uploaded scene: {sent} bytes");
+    warn_if_newer(c, &prepared.saved_with).await;
+    let (digest, file_set, sent) = upload_files(c, &prepared.layout).await?;
+    let files = prepared.layout.files.len();
+    match (sent, files) {
+        (0, 1) => eprintln!("scene already on the coordinator; 0 bytes uploaded"),
+        (0, n) => eprintln!(
+            "scene and its {} file(s) already on the coordinator; 0 bytes uploaded",
+            n - 1
+        ),
+        (b, 1) => eprintln!("uploaded scene: {b} bytes"),
+        (b, n) => eprintln!("uploaded the scene and its {} file(s): {b} bytes", n - 1),
     }
     let name = job
         .scene
@@ -486,6 +600,8 @@ pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Re
         device: job.device.clone(),
         min_vram_gb: job.min_vram,
         tags: job.tag.clone(),
+        file_set_digest: file_set.unwrap_or_default(),
+        features: prepared.features.clone(),
     };
     let id = c
         .farm
@@ -495,6 +611,30 @@ pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Re
         .into_inner()
         .job_id;
     Ok(id)
+}
+
+/// `tessera deps`: the files a scene needs, and which the coordinator has.
+async fn deps(
+    url: &Access,
+    scene: &std::path::Path,
+    blender: &std::path::Path,
+    json: bool,
+) -> Result<()> {
+    client::check_scene(scene)?;
+    let trace = fileset::trace(blender, scene).await?;
+    let layout = fileset::layout(scene, &trace)?;
+    let mut cache = fileset::HashCache::load();
+    let entries = fileset::hash_all(&layout, &mut cache, true).await?;
+    cache.save();
+    // Whether the coordinator has each file, when it can be asked.
+    let lacking = match Client::new(url) {
+        Ok(mut c) => fileset::missing(&mut c, entries.iter().map(|e| e.digest.clone()).collect())
+            .await
+            .map_err(|e| tracing::debug!("cannot ask the coordinator: {e:#}"))
+            .ok(),
+        Err(_) => None,
+    };
+    show::deps(&layout, &entries, lacking.as_ref(), json)
 }
 
 async fn submit(url: &Access, args: SubmitArgs) -> Result<()> {

@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::client::{self, Client};
-use crate::commands::{blender_version, prepare, settle, submit_job};
+use crate::commands::{blender_caps, prepare, settle, submit_job};
 use crate::RenderArgs;
 use tessera_worker::agent::Access;
 
@@ -20,8 +20,22 @@ const LOCAL_USER: &str = "tessera-render";
 
 /// Renders a scene on this machine through a private farm.
 pub async fn render(args: RenderArgs) -> Result<()> {
-    let frames = prepare(&args.job).await?;
-    let version = blender_version(&args.job.blender).await?;
+    // Reading the scene and asking Blender what it offers both start
+    // Blender: do them at once.
+    let (frames, caps) = tokio::join!(prepare(&args.job), blender_caps(&args.job.blender));
+    let (frames, (version, features)) = (frames?, caps?);
+    let lacking = frames.lacking(&features);
+    if !lacking.is_empty() {
+        anyhow::bail!(
+            "this machine's Blender lacks {}, which the scene uses{}; change the scene, or submit it to a farm whose workers' Blender has it",
+            lacking.join(" and "),
+            if lacking.iter().any(|f| f == "OpenImageDenoise") {
+                " (denoising is on): turn off Render Properties > Sampling > Denoise"
+            } else {
+                ""
+            }
+        );
+    }
     let scratch = tempfile::Builder::new()
         .prefix("tessera-render-")
         .tempdir()
@@ -76,6 +90,7 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         )
         .map_err(anyhow::Error::msg)?,
         blender_version: version,
+        blender_features: features,
         threads: args.threads.or(Some((cores / slots).max(1))),
         hardware: Default::default(),
         tags: Vec::new(),

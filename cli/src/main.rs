@@ -3,6 +3,7 @@
 
 mod client;
 mod commands;
+mod fileset;
 mod local;
 mod show;
 
@@ -88,6 +89,17 @@ enum Command {
     },
     /// List workers.
     Workers(JsonArg),
+    /// List the files a scene needs: path under the job root, size, found or
+    /// missing, and whether the coordinator already has it.
+    Deps {
+        /// The .blend scene.
+        scene: PathBuf,
+        #[command(flatten)]
+        json: JsonArg,
+        /// Blender executable, used to list the scene's files.
+        #[arg(long, env = "TESSERA_BLENDER", default_value = "blender")]
+        blender: PathBuf,
+    },
     /// Render locally: an embedded coordinator and local worker slots in one process.
     Render(RenderArgs),
     /// Manage users and their tokens (admin only).
@@ -265,9 +277,13 @@ struct JobArgs {
     /// A tag the rendering workers must carry (repeatable).
     #[arg(long)]
     tag: Vec<String>,
-    /// Blender executable, used to read the scene's frame range and size.
+    /// Blender executable, used to read the scene's frame range, size and files.
     #[arg(long, env = "TESSERA_BLENDER", default_value = "blender")]
     blender: PathBuf,
+    /// Submit even when files the scene refers to are missing; the job
+    /// records them, and `status` shows them.
+    #[arg(long)]
+    allow_missing: bool,
 }
 
 #[derive(Args, Debug)]

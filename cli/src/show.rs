@@ -58,6 +58,8 @@ pub fn job_json(j: &pb::JobView) -> Value {
         "message": j.message,
         "waiting": j.waiting,
         "owner": j.owner,
+        "file_set_digest": j.file_set_digest,
+        "missing_files": j.missing_files,
         "device": j.device,
         "min_vram_gb": j.min_vram_gb,
         "tags": j.tags,
@@ -195,6 +197,21 @@ pub fn job(j: &pb::JobView) {
         j.priority, j.max_attempts
     );
     println!("  submitted {}", age(j.created_ms));
+    if !j.file_set_digest.is_empty() {
+        println!(
+            "  files     file set {}",
+            &j.file_set_digest[..j.file_set_digest.len().min(16)]
+        );
+    }
+    if !j.missing_files.is_empty() {
+        println!(
+            "  missing   {} file(s) submitted without (--allow-missing):",
+            j.missing_files.len()
+        );
+        for m in &j.missing_files {
+            println!("            {m}");
+        }
+    }
     if j.device != "any" || j.min_vram_gb > 0.0 || !j.tags.is_empty() {
         println!(
             "  needs     device {}, {} GB GPU memory, tags [{}]",
@@ -356,4 +373,78 @@ pub fn workers(workers: &[pb::WorkerView]) {
     for w in workers.iter().filter(|w| !w.drain_reason.is_empty()) {
         println!("{} is draining: {}", w.id, w.drain_reason);
     }
+}
+
+/// `tessera deps`: each file under the job root, its size, and whether the
+/// coordinator has it (`lacking` is None when it could not be asked).
+pub fn deps(
+    layout: &crate::fileset::Layout,
+    entries: &[pb::FileEntry],
+    lacking: Option<&std::collections::HashSet<String>>,
+    as_json: bool,
+) -> anyhow::Result<()> {
+    let on_farm = |d: &str| lacking.map(|l| !l.contains(d));
+    if as_json {
+        let files: Vec<Value> = layout
+            .files
+            .iter()
+            .zip(entries)
+            .map(|((rel, local), e)| {
+                json!({"path": rel, "local": local, "size": e.size, "digest": e.digest,
+                       "found": true, "on_coordinator": on_farm(&e.digest)})
+            })
+            .chain(
+                layout
+                    .missing
+                    .iter()
+                    .map(|m| json!({"path": m, "found": false, "on_coordinator": Value::Null})),
+            )
+            .collect();
+        let mappings: Vec<Value> = layout
+            .mappings
+            .iter()
+            .map(|(from, to)| json!({"from": from, "to": to}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "root": layout.root, "scene": layout.scene, "files": files,
+                "mappings": mappings, "missing": layout.missing,
+            }))?
+        );
+        return Ok(());
+    }
+    println!(
+        "job root: {} (scene {})",
+        layout.root.display(),
+        layout.scene
+    );
+    let rows = layout
+        .files
+        .iter()
+        .zip(entries)
+        .map(|((rel, _), e)| {
+            vec![
+                rel.clone(),
+                e.size.to_string(),
+                "found".into(),
+                match on_farm(&e.digest) {
+                    Some(true) => "yes".into(),
+                    Some(false) => "no".into(),
+                    None => "unknown".into(),
+                },
+            ]
+        })
+        .chain(
+            layout
+                .missing
+                .iter()
+                .map(|m| vec![m.clone(), "-".into(), "MISSING".into(), "-".into()]),
+        )
+        .collect();
+    table(&["PATH", "BYTES", "LOCAL", "ON COORDINATOR"], rows);
+    for (from, to) in &layout.mappings {
+        println!("maps {from} -> {to}");
+    }
+    Ok(())
 }

@@ -37,6 +37,11 @@ impl TryFrom<pb::JobSpec> for Submission {
             device: s.device,
             min_vram_gb: s.min_vram_gb,
             tags: s.tags,
+            features: s.features,
+            file_set: match s.file_set_digest.as_str() {
+                "" => None,
+                d => Some(digest("file_set_digest", d)?),
+            },
             // Set from the caller's token by the handler, never from the message.
             owner: String::new(),
         })
@@ -57,6 +62,7 @@ impl From<pb::WorkerInfo> for Registration {
             tags: w.tags,
             memory_bytes: w.memory_bytes,
             notes: w.notes,
+            features: w.blender_features,
             // Set from the caller's token by the handler, never from the message.
             owner: String::new(),
         }
@@ -173,6 +179,9 @@ impl From<&JobSnapshot> for pb::JobView {
             tags: j.requirements.tags.clone(),
             waiting: s.waiting.clone().unwrap_or_default(),
             owner: j.owner.clone(),
+            file_set_digest: j.file_set.map(|d| d.to_hex()).unwrap_or_default(),
+            missing_files: j.missing_files.clone(),
+            features: j.requirements.features.clone(),
         }
     }
 }
@@ -212,6 +221,7 @@ impl From<&WorkerSnapshot> for pb::WorkerView {
             memory_bytes: r.memory_bytes,
             drain_reason: w.drain.clone().unwrap_or_default(),
             notes: r.notes.clone(),
+            blender_features: r.features.clone(),
         }
     }
 }
@@ -242,6 +252,7 @@ impl From<&Assignment> for pb::TaskAssignment {
                 border_max_y: t.border.3,
             }),
             device: a.device.name().into(),
+            file_set_digest: a.file_set.map(|d| d.to_hex()).unwrap_or_default(),
         }
     }
 }

@@ -115,6 +115,10 @@ pub struct Submission {
     pub tags: Vec<String>,
     /// Who submits it.
     pub owner: String,
+    /// The job's file set blob (uploaded beforehand, like its entries).
+    pub file_set: Option<Digest>,
+    /// Blender features the scene needs.
+    pub features: Vec<String>,
 }
 
 /// Facts about a scene read with Blender by the submitter.
@@ -170,6 +174,8 @@ pub struct Assignment {
     pub tile: Option<AssignedTile>,
     /// The Cycles device to render with.
     pub device: Device,
+    /// The job's file set blob, when it has one.
+    pub file_set: Option<Digest>,
 }
 
 /// What a worker says about itself when it registers.
@@ -197,6 +203,8 @@ pub struct Registration {
     pub memory_bytes: u64,
     /// What its hardware probe noted.
     pub notes: Vec<String>,
+    /// What its Blender offers.
+    pub features: Vec<String>,
     /// The user whose token registers it (set from the token, never from
     /// the message).
     pub owner: String,
@@ -287,6 +295,8 @@ struct State {
     /// stitched yet: the stitch queue (derived from the records, so a crash
     /// loses nothing).
     to_stitch: BTreeSet<(JobId, u32)>,
+    /// The entries of each job's file set, by file-set blob.
+    file_sets: HashMap<Digest, Arc<[Digest]>>,
     /// Stitch attempts of a frame that could not read its tiles, and when
     /// the next may run (ms).
     stitch_errors: HashMap<(JobId, u32), (u32, u64)>,
@@ -300,7 +310,11 @@ impl State {
     fn install(&mut self, job: Job, changed: Vec<Task>, now: u64) {
         let id = job.id;
         let old = match self.jobs.get(&id) {
-            Some(j) => refs::all_refs(j, self.tasks.get(&id).map_or(&[], |t| t.as_slice())),
+            Some(j) => refs::all_refs(
+                j,
+                self.files_of(j),
+                self.tasks.get(&id).map_or(&[], |t| t.as_slice()),
+            ),
             None => Vec::new(),
         };
         let list = self.tasks.entry(id).or_default();
@@ -312,7 +326,8 @@ impl State {
             }
         }
         self.jobs.insert(id, job);
-        for d in refs::all_refs(&self.jobs[&id], &self.tasks[&id]) {
+        let job = &self.jobs[&id];
+        for d in refs::all_refs(job, self.files_of(job), &self.tasks[&id]) {
             self.refs.add(d);
         }
         for d in old {
@@ -321,6 +336,13 @@ impl State {
             }
         }
         self.queue_ready_frames(id);
+    }
+
+    /// The entries of `job`'s file set (none without one).
+    fn files_of(&self, job: &Job) -> &[Digest] {
+        job.file_set
+            .and_then(|d| self.file_sets.get(&d))
+            .map_or(&[], |f| f)
     }
 
     /// Puts the frames of job `id` whose tiles are all done, and that are not
@@ -385,8 +407,27 @@ impl Farm {
         }
         let ids: Vec<JobId> = state.jobs.keys().copied().collect();
         for id in ids {
+            if let Some(d) = state.jobs[&id].file_set {
+                if let std::collections::hash_map::Entry::Vacant(e) = state.file_sets.entry(d) {
+                    match blobs
+                        .read(&d)
+                        .and_then(|b| crate::fileset::check(&b, &state.jobs[&id].scene))
+                    {
+                        Ok((_, info)) => {
+                            e.insert(info.blobs.into());
+                        }
+                        Err(err) => {
+                            tracing::error!(job = %id, "cannot read the job's file set {d}: {err}")
+                        }
+                    }
+                }
+            }
+            let files = state.jobs[&id]
+                .file_set
+                .and_then(|d| state.file_sets.get(&d).cloned())
+                .unwrap_or_else(|| Arc::from(Vec::new()));
             let tasks = state.tasks.entry(id).or_default();
-            for d in refs::all_refs(&state.jobs[&id], tasks) {
+            for d in refs::all_refs(&state.jobs[&id], &files, tasks) {
                 state.refs.add(d);
             }
             // Tiles of stitched frames that a crash kept from being collected.
@@ -512,7 +553,16 @@ impl Farm {
         } else {
             (0, 0, Vec::new())
         };
-        let requirements = Requirements::parse(&sub.device, sub.min_vram_gb, &sub.tags)?;
+        let requirements = Requirements::parse(&sub.device, sub.min_vram_gb, &sub.tags)?
+            .with_features(&sub.features)?;
+        let file_set = sub
+            .file_set
+            .map(|d| self.check_file_set(&d, &sub.scene))
+            .transpose()?;
+        let missing_files = file_set
+            .as_ref()
+            .map(|i| i.missing.clone())
+            .unwrap_or_default();
         let now = self.clock.now_ms();
         let mut st = self.lock();
         let id = JobId(st.next_job);
@@ -563,6 +613,8 @@ impl Farm {
             requirements,
             failures_by_worker: Default::default(),
             owner: sub.owner.clone(),
+            file_set: sub.file_set,
+            missing_files,
         };
         let mut records: Vec<Record<'_>> = tasks.iter().map(Record::Task).collect();
         records.push(Record::Job(&job));
@@ -571,10 +623,43 @@ impl Farm {
         st.next_job += 1;
         self.store.write(&records)?;
         tracing::info!(job = %id, scene = %job.scene_name, frames = %job.frames, tiles = %job.grid, tasks = tasks.len(), "job submitted");
+        if let (Some(d), Some(info)) = (sub.file_set, file_set) {
+            st.file_sets.insert(d, info.blobs.into());
+        }
         st.install(job, tasks, now);
         drop(st);
         self.queued.notify_waiters();
         Ok(id)
+    }
+
+    /// Checks a submitted file set: a valid message whose entries are all stored.
+    fn check_file_set(
+        &self,
+        d: &Digest,
+        scene: &Digest,
+    ) -> Result<crate::fileset::FileSetInfo, Error> {
+        let bytes = self.blobs.read(d).map_err(|e| match e {
+            Error::NotFound(_) => Error::invalid(format!(
+                "file set {d} has not been uploaded; upload it before submitting (tessera submit does this)"
+            )),
+            other => other,
+        })?;
+        let (set, info) = crate::fileset::check(&bytes, scene)?;
+        let absent: Vec<&str> = set
+            .files
+            .iter()
+            .zip(&info.blobs)
+            .filter(|(_, b)| !self.blobs.contains(b))
+            .map(|(f, _)| f.path.as_str())
+            .take(10)
+            .collect();
+        if !absent.is_empty() {
+            return Err(Error::invalid(format!(
+                "the file set names files that were not uploaded ({}); upload them first (tessera submit does this)",
+                absent.join(", ")
+            )));
+        }
+        Ok(info)
     }
 
     /// One job and its tasks.
@@ -866,6 +951,7 @@ impl Farm {
             tags: reg.tags,
             memory_bytes: reg.memory_bytes,
             notes: reg.notes,
+            features: reg.features,
             owner: reg.owner,
         };
         self.store.write(&[Record::Worker(&record)])?;
@@ -914,6 +1000,7 @@ impl Farm {
         let record = &st.workers[worker];
         let cap = record.slot_cap(slot);
         let tags = record.tags.clone();
+        let features = record.features.clone();
         let available = |w: &WorkerRecord| self.available(&st, w, now);
         let Some((job_id, index)) = pick(
             &st,
@@ -924,6 +1011,7 @@ impl Farm {
                 slot: &cap,
                 tags: &tags,
                 available: &available,
+                features: &features,
             },
             online,
             self.config.block_after,
@@ -957,6 +1045,7 @@ impl Farm {
                 border: tiles::blender_border(t.rendered, job.width, job.height),
             }),
             device: job.requirements.device_for(&cap),
+            file_set: job.file_set,
         };
         *task = new_task;
         *job = new_job;
@@ -1295,11 +1384,14 @@ struct Asker<'a> {
     tags: &'a [String],
     /// Whether a worker takes work now (online, not drained).
     available: &'a dyn Fn(&WorkerRecord) -> bool,
+    /// What the worker's Blender offers.
+    features: &'a [String],
 }
 
 /// Whether any slot of `w` can render `job`.
 fn capable(job: &Job, w: &WorkerRecord) -> bool {
-    (0..w.slots).any(|s| job.requirements.satisfied_by(&w.slot_cap(s), &w.tags))
+    job.requirements.features_met(&w.features)
+        && (0..w.slots).any(|s| job.requirements.satisfied_by(&w.slot_cap(s), &w.tags))
 }
 
 /// Whether `worker` may take tasks of `job` despite its failures there: when
@@ -1340,6 +1432,7 @@ fn pick(st: &State, asker: &Asker<'_>, online: usize, block_after: u32) -> Optio
         slot,
         tags,
         available,
+        features,
     } = *asker;
     let mut candidates: Vec<(&Job, usize)> = st
         .jobs
@@ -1348,6 +1441,7 @@ fn pick(st: &State, asker: &Asker<'_>, online: usize, block_after: u32) -> Optio
             !j.state.is_final()
                 && j.state != JobState::Paused
                 && j.requirements.satisfied_by(slot, tags)
+                && j.requirements.features_met(features)
         })
         .filter(|j| may_serve(st, j, worker, block_after, available))
         .map(|j| {
@@ -1445,6 +1539,8 @@ mod tests {
             min_vram_gb: 0.0,
             tags: Vec::new(),
             owner: "alice".into(),
+            file_set: None,
+            features: Vec::new(),
         }
     }
 

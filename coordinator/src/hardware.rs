@@ -99,7 +99,17 @@ pub struct Requirements {
     pub min_vram_bytes: u64,
     /// Tags the worker must carry.
     pub tags: Vec<String>,
+    /// Features the worker's Blender must have (see [`FEATURES`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
 }
+
+/// Blender features a job may need, with how messages name them.
+pub const FEATURES: [(&str, &str); 3] = [
+    ("openimagedenoise", "OpenImageDenoise"),
+    ("osl", "OSL"),
+    ("eevee", "Eevee (a display or EGL)"),
+];
 
 impl Requirements {
     /// Validates user input: `device` is any/cpu/cuda/optix, `min_vram_gb` a
@@ -144,7 +154,29 @@ impl Requirements {
             device,
             min_vram_bytes: (min_vram_gb * GIB).round() as u64,
             tags,
+            features: Vec::new(),
         })
+    }
+
+    /// Adds the Blender features the scene needs, refusing unknown ones.
+    pub fn with_features(mut self, features: &[String]) -> Result<Self, Error> {
+        for f in features {
+            if !FEATURES.iter().any(|(k, _)| k == f) {
+                return Err(Error::invalid(format!(
+                    "`{f}` is not a Blender feature; use {}",
+                    FEATURES.map(|(k, _)| k).join(", ")
+                )));
+            }
+        }
+        self.features = features.to_vec();
+        self.features.sort();
+        self.features.dedup();
+        Ok(self)
+    }
+
+    /// Whether a worker whose Blender has `features` can render the job.
+    pub fn features_met(&self, features: &[String]) -> bool {
+        self.features.iter().all(|f| features.contains(f))
     }
 
     /// Whether a slot of a worker carrying `tags` can serve the job.
@@ -182,6 +214,13 @@ impl Requirements {
         }
         for t in &self.tags {
             parts.push(format!("tag {t}"));
+        }
+        for f in &self.features {
+            let name = FEATURES
+                .iter()
+                .find(|(k, _)| k == f)
+                .map_or(f.as_str(), |(_, n)| n);
+            parts.push(format!("a Blender with {name}"));
         }
         if parts.is_empty() {
             "any slot".into()

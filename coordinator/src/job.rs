@@ -114,6 +114,12 @@ pub struct Job {
     /// The user who submitted it.
     #[serde(default)]
     pub owner: String,
+    /// Its file set blob, when the scene needs more files than itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_set: Option<Digest>,
+    /// Files the scene needs that were not submitted (`--allow-missing`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing_files: Vec<String>,
 }
 
 fn whole() -> Grid {
@@ -243,6 +249,8 @@ mod tests {
             requirements: Requirements::default(),
             failures_by_worker: Default::default(),
             owner: String::new(),
+            file_set: None,
+            missing_files: Vec::new(),
         }
     }
 

@@ -9,6 +9,7 @@
 //! - [`job`], [`task`], [`worker`]: the domain records and their lifecycles.
 //! - [`hardware`]: GPUs, slot capabilities, job requirements, GPU health.
 //! - [`farm`]: the domain service (submit, lease, complete, fail, expire).
+//! - [`fileset`]: job file sets (every file a scene needs) and their checks.
 //! - [`store`]: durable metadata (sled) and its in-memory twin.
 //! - [`blob_store`]: content-addressed blobs on disk and in memory.
 //! - [`refs`]: blob reference counts, deciding which blobs may be collected.
@@ -29,6 +30,7 @@ pub mod convert;
 pub mod digest;
 pub mod error;
 pub mod farm;
+pub mod fileset;
 pub mod frames;
 pub mod grpc;
 pub mod hardware;

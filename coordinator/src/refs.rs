@@ -51,9 +51,13 @@ impl BlobRefs {
     }
 }
 
-/// The blobs `job` itself references: its scene and its stitched frames.
-pub fn job_refs(job: &Job) -> impl Iterator<Item = Digest> + '_ {
-    std::iter::once(job.scene).chain(job.stitched.iter().map(|o| o.digest))
+/// The blobs `job` itself references: its scene, its file set and the
+/// set's entries (`files`), and its stitched frames.
+pub fn job_refs<'a>(job: &'a Job, files: &'a [Digest]) -> impl Iterator<Item = Digest> + 'a {
+    std::iter::once(job.scene)
+        .chain(job.file_set)
+        .chain(files.iter().copied())
+        .chain(job.stitched.iter().map(|o| o.digest))
 }
 
 /// The blobs a task of `job` references: its outputs once done, except the
@@ -71,9 +75,9 @@ pub fn task_refs<'a>(task: &'a Task, job: &Job) -> impl Iterator<Item = Digest> 
     outputs.iter().map(|o| o.digest)
 }
 
-/// Every reference of `job` and its tasks.
-pub fn all_refs(job: &Job, tasks: &[Task]) -> Vec<Digest> {
-    let mut refs: Vec<Digest> = job_refs(job).collect();
+/// Every reference of `job`, its file set's entries `files`, and its tasks.
+pub fn all_refs(job: &Job, files: &[Digest], tasks: &[Task]) -> Vec<Digest> {
+    let mut refs: Vec<Digest> = job_refs(job, files).collect();
     for t in tasks {
         refs.extend(task_refs(t, job));
     }

@@ -363,6 +363,8 @@ mod tests {
             requirements: Default::default(),
             failures_by_worker: Default::default(),
             owner: String::new(),
+            file_set: None,
+            missing_files: Vec::new(),
         }
     }
 

@@ -52,6 +52,9 @@ pub struct WorkerRecord {
     /// What its hardware probe noted.
     #[serde(default)]
     pub notes: Vec<String>,
+    /// What its Blender offers (see [`crate::hardware::FEATURES`]).
+    #[serde(default)]
+    pub features: Vec<String>,
     /// The user (token holder) that registered it: only that token may lease,
     /// report or send telemetry for it. Empty for records older than this
     /// field, which no token owns.

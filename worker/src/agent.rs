@@ -35,6 +35,8 @@ pub struct WorkerConfig {
     pub slots: Vec<SlotPlan>,
     /// Blender's version line, reported to the coordinator.
     pub blender_version: String,
+    /// What that Blender can render (see [`crate::capabilities`]).
+    pub blender_features: Vec<String>,
     /// Render threads per slot (None: all cores).
     pub threads: Option<u32>,
     /// The GPUs (probed, then declared) and where their telemetry comes from.
@@ -262,6 +264,7 @@ async fn register<R: Renderer>(
         memory_bytes: memory_bytes(),
         cached_scenes: shared.cache.digests(),
         notes: shared.config.hardware.notes.clone(),
+        blender_features: shared.config.blender_features.clone(),
     };
     let mut delay = Duration::from_millis(200);
     loop {

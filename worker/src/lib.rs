@@ -7,6 +7,8 @@
 //! - [`slots`]: one slot per GPU, CPU slots, declared GPUs for tests.
 //! - [`session`]: warm Blender sessions, one per job and slot.
 //! - [`cache`]: the scene cache, keyed by blake3 digest.
+//! - [`capabilities`]: what this worker's Blender can render (version, denoiser, OSL, Eevee).
+//! - [`fileset`]: job roots built from file sets, and the bounded file cache.
 //! - [`transfer`]: streaming blobs to and from a coordinator (also used by the CLI).
 //! - [`gpu`]: probing the machine's GPUs (Vulkan) and their telemetry (NVML).
 //! - [`image_size`]: reading image sizes from PNG and OpenEXR headers.
@@ -15,7 +17,9 @@
 pub mod agent;
 pub mod blender;
 pub mod cache;
+pub mod capabilities;
 pub mod error;
+pub mod fileset;
 pub mod gpu;
 pub mod image_size;
 pub mod session;

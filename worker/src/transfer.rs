@@ -46,6 +46,17 @@ pub async fn upload_file(
     if missing.is_empty() {
         return Ok(0);
     }
+    put_file(blobs, path, digest, size).await
+}
+
+/// Uploads `path` as blob `digest` (of `size` bytes) without asking first
+/// whether the coordinator has it. Returns the bytes sent.
+pub async fn put_file(
+    blobs: &mut pb::blobs_client::BlobsClient<Conn>,
+    path: &Path,
+    digest: &str,
+    size: u64,
+) -> Result<u64, Error> {
     let mut file = tokio::fs::File::open(path)
         .await
         .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;

@@ -11,8 +11,8 @@
 //!   answers only about possessed blobs, a job may name only possessed blobs,
 //!   and a worker may report only outputs its token uploaded.
 //! - Reads are authorised by reference: a user reads what it possesses; a
-//!   worker reads a job's scene only while one of its workers holds a lease of
-//!   that job; an admin reads anything.
+//!   worker reads a job's scene, file set and the set's files only while one
+//!   of its workers holds a lease of that job; an admin reads anything.
 //!
 //! The gRPC handlers call these checks before the domain function they guard.
 
@@ -35,6 +35,8 @@ pub(super) struct AccessState {
     holders: HashMap<LeaseId, WorkerId>,
     /// How many holders were left at the last pruning.
     kept: usize,
+    /// The entries of each file set, sorted, for workers' reads.
+    sorted_files: HashMap<Digest, Arc<[Digest]>>,
 }
 
 impl AccessState {
@@ -103,10 +105,10 @@ impl Farm {
         }
     }
 
-    /// Checks what a job names before it is submitted: its scene must be a
-    /// blob `who` possesses (the same answer as for a blob never uploaded, so
-    /// a learned digest tells nothing), and the scene's output must fit
-    /// `--max-pixels`.
+    /// Checks what a job names before it is submitted: its scene, its file
+    /// set and every file in the set must be blobs `who` possesses (the same
+    /// answer as for a blob never uploaded, so a learned digest tells
+    /// nothing), and the scene's output must fit `--max-pixels`.
     pub fn check_submission(&self, who: &Identity, sub: &Submission) -> Result<(), Error> {
         if let Some(info) = &sub.scene_info {
             self.config
@@ -118,13 +120,35 @@ impl Farm {
                 )
                 .map_err(|e| Error::Invalid(e.to_string()))?;
         }
+        let named =
+            std::iter::once(("scene", sub.scene)).chain(sub.file_set.map(|d| ("file set", d)));
+        for (what, d) in named {
+            if !(Self::possesses(&self.lock(), who, &d) && self.blobs.contains(&d)) {
+                return Err(Error::invalid(format!(
+                    "{what} {d} has not been uploaded by you; upload it before submitting (tessera submit does this)"
+                )));
+            }
+        }
+        let Some(set) = sub.file_set else {
+            return Ok(());
+        };
+        // The set is the caller's own: its contents may be read and checked.
+        let (files, info) = crate::fileset::check(&self.blobs.read(&set)?, &sub.scene)?;
         let st = self.lock();
-        if Self::possesses(&st, who, &sub.scene) && self.blobs.contains(&sub.scene) {
+        let foreign: Vec<&str> = files
+            .files
+            .iter()
+            .zip(&info.blobs)
+            .filter(|(_, d)| !Self::possesses(&st, who, d) || !self.blobs.contains(d))
+            .map(|(f, _)| f.path.as_str())
+            .take(10)
+            .collect();
+        if foreign.is_empty() {
             Ok(())
         } else {
             Err(Error::invalid(format!(
-                "scene {} has not been uploaded by you; upload it before submitting (tessera submit does this)",
-                sub.scene
+                "the file set names files that were not uploaded by you ({}); upload them first (tessera submit does this)",
+                foreign.join(", ")
             )))
         }
     }
@@ -175,7 +199,7 @@ impl Farm {
         let mut st = self.lock();
         let allowed = match who.role {
             Role::Admin => true,
-            Role::Worker => Self::leases_scene(&st, who, d),
+            Role::Worker => Self::leases_reference(&mut st, who, d),
             Role::User => {
                 Self::possesses(&st, who, d) || {
                     Self::refresh_referenced(&mut st, &who.name);
@@ -310,22 +334,55 @@ impl Farm {
         let mut set = HashSet::new();
         for job in st.jobs.values().filter(|j| j.owner == user) {
             let tasks = st.tasks.get(&job.id).map_or(&[][..], |t| t.as_slice());
-            set.extend(refs::all_refs(job, tasks));
+            set.extend(refs::all_refs(job, st.files_of(job), tasks));
         }
         st.access.referenced.insert(user.to_string(), set);
     }
 
-    /// Whether `d` is the scene of a job that a worker of `who` holds a lease of.
-    fn leases_scene(st: &State, who: &Identity, d: &Digest) -> bool {
-        st.jobs.values().filter(|j| j.scene == *d).any(|j| {
-            st.tasks.get(&j.id).is_some_and(|tasks| {
+    /// Whether `d` is the scene, the file set or a file of the set of a job
+    /// that a worker of `who` holds a lease of.
+    fn leases_reference(st: &mut State, who: &Identity, d: &Digest) -> bool {
+        let holds = |st: &State, job: &Job| {
+            st.tasks.get(&job.id).is_some_and(|tasks| {
                 tasks.iter().any(|t| {
                     t.holder()
                         .and_then(|h| st.workers.get(h))
                         .is_some_and(|w| w.owner == who.name)
                 })
             })
-        })
+        };
+        let open: Vec<JobId> = st
+            .jobs
+            .values()
+            .filter(|j| !j.state.is_final())
+            .map(|j| j.id)
+            .collect();
+        // Only sets of open jobs are looked up; forget the others.
+        let sets: HashSet<Digest> = open.iter().filter_map(|id| st.jobs[id].file_set).collect();
+        st.access.sorted_files.retain(|d, _| sets.contains(d));
+        for id in open {
+            let State {
+                jobs,
+                file_sets,
+                access,
+                ..
+            } = &mut *st;
+            let job = &jobs[&id];
+            let in_set = |set: Digest| {
+                let sorted = access.sorted_files.entry(set).or_insert_with(|| {
+                    let mut v = file_sets.get(&set).map_or_else(Vec::new, |f| f.to_vec());
+                    v.sort_unstable();
+                    v.into()
+                });
+                sorted.binary_search(d).is_ok()
+            };
+            let named =
+                job.scene == *d || job.file_set == Some(*d) || job.file_set.is_some_and(in_set);
+            if named && holds(st, &st.jobs[&id]) {
+                return true;
+            }
+        }
+        false
     }
 }
 

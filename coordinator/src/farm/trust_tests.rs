@@ -67,6 +67,8 @@ fn submission(scene: Digest, frames: &str, tiles: &str) -> Submission {
         min_vram_gb: 0.0,
         tags: Vec::new(),
         owner: "alice".into(),
+        file_set: None,
+        features: Vec::new(),
     }
 }
 
@@ -508,4 +510,34 @@ fn a_write_that_failed_spends_its_job_id_and_stores_nothing() {
         "nothing unacknowledged was stored"
     );
     assert_eq!(again.submit(s).unwrap(), JobId(3));
+}
+
+#[test]
+fn a_job_goes_only_to_workers_whose_blender_has_what_it_needs() {
+    let f = fixture();
+    let mut s = submission(f.scene, "1", "");
+    s.scene_info = None;
+    s.features = vec!["openimagedenoise".into()];
+    let job = f.farm.submit(s.clone()).unwrap();
+    let plain = worker(&f.farm, "plain");
+    assert!(f.farm.try_lease(&plain, &HashSet::new()).unwrap().is_none());
+    let why = f.farm.job(job).unwrap().waiting.unwrap_or_default();
+    assert!(why.contains("a Blender with OpenImageDenoise"), "{why}");
+    let (denoiser, _) = f
+        .farm
+        .register(Registration {
+            name: "oidn".into(),
+            slots: 1,
+            features: vec!["openimagedenoise".into()],
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(f
+        .farm
+        .try_lease(&denoiser, &HashSet::new())
+        .unwrap()
+        .is_some());
+    s.features = vec!["raytracing-magic".into()];
+    let err = f.farm.submit(s).unwrap_err();
+    assert!(err.to_string().contains("not a Blender feature"), "{err}");
 }

@@ -95,6 +95,8 @@ fn submit(f: &Fixture, owner: &str, frames: &str) -> JobId {
             min_vram_gb: 0.0,
             tags: Vec::new(),
             owner: owner.into(),
+            file_set: None,
+            features: Vec::new(),
         })
         .unwrap()
 }
@@ -329,6 +331,8 @@ fn missing_blobs_reveals_nothing_and_uploads_prove_possession() {
         min_vram_gb: 0.0,
         tags: Vec::new(),
         owner: owner.name.clone(),
+        file_set: None,
+        features: Vec::new(),
     };
     let refused = f.farm.check_submission(&bob, &sub(&bob)).unwrap_err();
     let never = Submission {
@@ -360,6 +364,99 @@ fn missing_blobs_reveals_nothing_and_uploads_prove_possession() {
     assert_eq!(again.missing_for(&user("carol"), &[f.scene]), vec![f.scene]);
 }
 
+/// A file set of `files` (path, bytes) whose scene is `s.blend` = [`SCENE`].
+fn file_set(files: &[(&str, &[u8])]) -> Vec<u8> {
+    use prost::Message;
+    let entry = |path: &str, bytes: &[u8]| tessera_proto::FileEntry {
+        path: path.into(),
+        digest: Digest::of(bytes).to_hex(),
+        size: bytes.len() as u64,
+        mode: 0o644,
+    };
+    tessera_proto::FileSet {
+        scene: "s.blend".into(),
+        files: std::iter::once(entry("s.blend", SCENE))
+            .chain(files.iter().map(|(p, b)| entry(p, b)))
+            .collect(),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+#[test]
+fn a_job_names_only_file_sets_and_files_its_submitter_uploaded() {
+    let f = fixture();
+    let (alice, bob) = (user("alice"), user("bob"));
+    let texture = upload(&f.farm, &f.blobs, &alice, b"wood texture");
+    let set = upload(
+        &f.farm,
+        &f.blobs,
+        &alice,
+        &file_set(&[("tex/wood.png", b"wood texture")]),
+    );
+    let sub = |owner: &Identity, set: Digest| Submission {
+        scene: f.scene,
+        scene_name: "s.blend".into(),
+        frames: "1".into(),
+        chunk: 1,
+        priority: 0,
+        max_attempts: 0,
+        tiles: String::new(),
+        overscan: None,
+        scene_info: None,
+        device: String::new(),
+        min_vram_gb: 0.0,
+        tags: Vec::new(),
+        owner: owner.name.clone(),
+        file_set: Some(set),
+        features: Vec::new(),
+    };
+    f.farm.check_submission(&alice, &sub(&alice, set)).unwrap();
+    // Bob holds the scene (he uploaded it too) but not alice's file set...
+    upload(&f.farm, &f.blobs, &bob, SCENE);
+    let err = f.farm.check_submission(&bob, &sub(&bob, set)).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with(&format!("file set {set} has not been uploaded by you;")),
+        "{err}"
+    );
+    // ...nor, in a set of his own, her texture.
+    let his = upload(
+        &f.farm,
+        &f.blobs,
+        &bob,
+        &file_set(&[("textures/wood.png", b"wood texture")]),
+    );
+    assert_ne!(his, set);
+    let err = f.farm.check_submission(&bob, &sub(&bob, his)).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("names files that were not uploaded by you (textures/wood.png)"),
+        "{err}"
+    );
+    upload(&f.farm, &f.blobs, &bob, b"wood texture");
+    f.farm.check_submission(&bob, &sub(&bob, his)).unwrap();
+
+    // A worker reads the set and its files only while it holds a lease of the job.
+    let job = f.farm.submit(sub(&alice, set)).unwrap();
+    let (ours, theirs) = (worker_token("render-01"), worker_token("render-02"));
+    let w = register(&f.farm, "render-01", None).unwrap();
+    for d in [set, texture, f.scene] {
+        assert!(f.farm.check_read(&ours, &d).is_err(), "no lease yet");
+    }
+    let a = f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
+    assert_eq!(a.lease.job, job);
+    for d in [set, texture, f.scene] {
+        f.farm.check_read(&ours, &d).unwrap();
+        assert!(f.farm.check_read(&theirs, &d).is_err());
+    }
+    assert!(f.farm.check_read(&ours, &Digest::of(b"other")).is_err());
+    // Alice reads her job's files; bob only those he uploaded.
+    f.farm.check_read(&alice, &texture).unwrap();
+    f.farm.check_read(&bob, &texture).unwrap();
+    assert!(f.farm.check_read(&bob, &set).is_err());
+}
+
 #[test]
 fn a_scene_over_the_pixel_limit_is_refused_at_submit() {
     let f = fixture();
@@ -382,6 +479,8 @@ fn a_scene_over_the_pixel_limit_is_refused_at_submit() {
         min_vram_gb: 0.0,
         tags: Vec::new(),
         owner: "alice".into(),
+        file_set: None,
+        features: Vec::new(),
     };
     let err = f.farm.check_submission(&alice, &s).unwrap_err();
     assert!(

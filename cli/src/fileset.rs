@@ -1,0 +1,509 @@
+//! A job's file set, built at submit: the scene's external files are traced
+//! with Blender itself (`blender/deps.py`: Blender already knows every kind of
+//! path a scene can hold, through linked libraries, and a `.blend` reader in
+//! Rust would have to track every DNA version to do the same), laid out under
+//! the job root, hashed with blake3 (with a cache keyed by path, size and
+//! modification time), and uploaded when the coordinator lacks them.
+//!
+//! The job root mirrors the artist's folders from the deepest folder holding
+//! the scene and every file it uses, so relative (`//`) paths, even ones that
+//! climb above the scene's folder, resolve unchanged on a worker. Absolute
+//! paths are listed as mappings to the same file under the root; the worker's
+//! Blender session rewrites them at load. The artist's files are never
+//! modified.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Component, Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use prost::Message;
+use serde::{Deserialize, Serialize};
+use tessera_proto as pb;
+
+use crate::client::Client;
+
+/// The tracing script, written next to a temporary file when run.
+const DEPS_SCRIPT: &str = include_str!("../../blender/deps.py");
+
+/// What `blender/deps.py` reports about a scene.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct Trace {
+    /// Blender version that saved the scene.
+    #[serde(default)]
+    pub saved_with: String,
+    /// Render engine.
+    #[serde(default)]
+    pub engine: String,
+    /// Whether denoising is on for final renders.
+    #[serde(default)]
+    pub denoise: bool,
+    /// Every external file reference.
+    #[serde(default)]
+    pub files: Vec<TracedFile>,
+}
+
+/// One external reference of a scene or of a library it links.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct TracedFile {
+    /// image, library, font, sound, movieclip, volume, cachefile, pointcache, ...
+    pub kind: String,
+    /// The datablock's name.
+    #[serde(default)]
+    pub name: String,
+    /// The library holding the datablock, when it is linked.
+    #[serde(default)]
+    pub owner: Option<String>,
+    /// The path as the scene stores it.
+    #[serde(default)]
+    pub written: String,
+    /// The path resolved on this machine.
+    pub abs: String,
+    /// Whether the stored path is absolute.
+    #[serde(default)]
+    pub absolute_ref: bool,
+    /// udim, sequence or directory, for references to several files.
+    #[serde(default)]
+    pub pattern: Option<String>,
+    /// The existing files it covers.
+    #[serde(default)]
+    pub members: Vec<String>,
+    /// The files it needs that do not exist.
+    #[serde(default)]
+    pub missing: Vec<String>,
+}
+
+impl TracedFile {
+    /// How the scene refers to the file, for messages.
+    pub fn describe(&self) -> String {
+        let owner = self
+            .owner
+            .as_deref()
+            .map(|o| format!(" in library {o}"))
+            .unwrap_or_default();
+        format!(
+            "{} \"{}\"{owner} as `{}`",
+            self.kind, self.name, self.written
+        )
+    }
+}
+
+/// Runs `deps.py` on `scene` with `blender`.
+pub async fn trace(blender: &Path, scene: &Path) -> Result<Trace> {
+    let dir = tempfile::tempdir().context("cannot create a temporary folder")?;
+    let script = dir.path().join("deps.py");
+    std::fs::write(&script, DEPS_SCRIPT).context("cannot write the tracing script")?;
+    let out_json = dir.path().join("deps.json");
+    let out = tokio::process::Command::new(blender)
+        .arg("-b")
+        .arg(scene)
+        .args(["--python-exit-code", "3", "--python"])
+        .arg(&script)
+        .arg("--")
+        .arg("--out")
+        .arg(&out_json)
+        .output()
+        .await
+        .with_context(|| {
+            format!(
+                "cannot run Blender (`{}`) to list the scene's files; install Blender (apt-get install blender) or pass --blender PATH",
+                blender.display()
+            )
+        })?;
+    let text = match std::fs::read(&out_json) {
+        Ok(t) if out.status.success() => t,
+        _ => {
+            let log = String::from_utf8_lossy(&out.stdout);
+            let tail: Vec<&str> = log.lines().rev().take(6).collect();
+            bail!(
+                "Blender could not list the files of {}: {}",
+                scene.display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
+            );
+        }
+    };
+    serde_json::from_slice(&text).context("Blender's file list is not valid JSON")
+}
+
+/// The files of a job laid out under its root.
+#[derive(Debug, Clone, Default)]
+pub struct Layout {
+    /// The folder the root mirrors.
+    pub root: PathBuf,
+    /// The scene's path under the root.
+    pub scene: String,
+    /// (path under the root, file on this machine), the scene first.
+    pub files: Vec<(String, PathBuf)>,
+    /// Absolute references and where they are under the root.
+    pub mappings: Vec<(String, String)>,
+    /// Missing files, each with how the scene refers to it.
+    pub missing: Vec<String>,
+}
+
+/// Removes `.` and `..` components without touching the file system
+/// (Blender resolves `//../x` the same way).
+fn normalize(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// The deepest folder holding every one of `paths` (absolute, normalized).
+fn common_folder<'a>(paths: impl Iterator<Item = &'a Path>) -> PathBuf {
+    let mut common: Option<PathBuf> = None;
+    for p in paths {
+        let dir = p.parent().unwrap_or(Path::new("/"));
+        common = Some(match common {
+            None => dir.to_path_buf(),
+            Some(c) => c
+                .components()
+                .zip(dir.components())
+                .take_while(|(a, b)| a == b)
+                .map(|(a, _)| a)
+                .collect(),
+        });
+    }
+    common.unwrap_or_else(|| PathBuf::from("/"))
+}
+
+/// `p` under `root` as a "/"-separated relative path.
+fn under(root: &Path, p: &Path) -> Result<String> {
+    let rel = p
+        .strip_prefix(root)
+        .with_context(|| format!("{} is not under {}", p.display(), root.display()))?;
+    let parts: Vec<String> = rel
+        .components()
+        .map(|c| match c {
+            Component::Normal(s) => s
+                .to_str()
+                .map(str::to_string)
+                .ok_or_else(|| anyhow!("{} is not a UTF-8 path; rename it", p.display())),
+            other => Err(anyhow!("unexpected part {other:?} in {}", p.display())),
+        })
+        .collect::<Result<_>>()?;
+    Ok(parts.join("/"))
+}
+
+/// Lays out `scene` and the files of `trace` under one root.
+pub fn layout(scene: &Path, trace: &Trace) -> Result<Layout> {
+    let scene = normalize(&std::path::absolute(scene).context("cannot resolve the scene's path")?);
+    let mut files: BTreeMap<PathBuf, ()> = BTreeMap::new();
+    let mut missing = Vec::new();
+    for f in &trace.files {
+        for m in &f.members {
+            files.insert(normalize(Path::new(m)), ());
+        }
+        for m in &f.missing {
+            missing.push(format!("{m} ({})", f.describe()));
+        }
+    }
+    files.remove(&scene);
+    let root =
+        common_folder(std::iter::once(scene.as_path()).chain(files.keys().map(PathBuf::as_path)));
+    let mut out = Layout {
+        scene: under(&root, &scene)?,
+        files: vec![(under(&root, &scene)?, scene.clone())],
+        missing,
+        ..Default::default()
+    };
+    for p in files.keys() {
+        out.files.push((under(&root, p)?, p.clone()));
+    }
+    for f in trace.files.iter().filter(|f| f.absolute_ref) {
+        let abs = normalize(Path::new(&f.abs));
+        if let Ok(to) = under(&root, &abs) {
+            out.mappings.push((f.abs.clone(), to));
+        }
+    }
+    out.mappings.sort();
+    out.mappings.dedup();
+    out.root = root;
+    Ok(out)
+}
+
+/// A remembered digest: valid while the file keeps its size and mtime.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Known {
+    size: u64,
+    mtime_ns: i128,
+    digest: String,
+}
+
+/// Digests of files hashed before, in `~/.cache/tessera/hashes.json`.
+#[derive(Debug, Default)]
+pub struct HashCache {
+    path: Option<PathBuf>,
+    known: HashMap<PathBuf, Known>,
+    changed: bool,
+}
+
+impl HashCache {
+    /// Loads the cache (an unreadable one is started afresh).
+    pub fn load() -> Self {
+        let path = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .map(|d| d.join("tessera").join("hashes.json"));
+        let known = path
+            .as_ref()
+            .and_then(|p| std::fs::read(p).ok())
+            .and_then(|b| serde_json::from_slice::<Vec<(PathBuf, Known)>>(&b).ok())
+            .map(|v| v.into_iter().collect())
+            .unwrap_or_default();
+        Self {
+            path,
+            known,
+            changed: false,
+        }
+    }
+
+    /// Saves the cache if anything changed; failures only cost speed.
+    pub fn save(&self) {
+        let Some(path) = self.path.as_ref().filter(|_| self.changed) else {
+            return;
+        };
+        let list: Vec<(&PathBuf, &Known)> = self.known.iter().collect();
+        let write = || -> std::io::Result<()> {
+            std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
+            let tmp = path.with_extension("json.tmp");
+            std::fs::write(&tmp, serde_json::to_vec(&list)?)?;
+            std::fs::rename(&tmp, path)
+        };
+        if let Err(e) = write() {
+            tracing::debug!("cannot save the hash cache {}: {e}", path.display());
+        }
+    }
+}
+
+fn mtime_ns(m: &std::fs::Metadata) -> i128 {
+    m.modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as i128)
+}
+
+/// Hashes every file of `layout` (reusing `cache` where a file is
+/// unchanged), in parallel, with a progress bar; returns the entries.
+pub async fn hash_all(
+    layout: &Layout,
+    cache: &mut HashCache,
+    quiet: bool,
+) -> Result<Vec<pb::FileEntry>> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut entries = Vec::with_capacity(layout.files.len());
+    let mut todo = Vec::new();
+    for (i, (rel, path)) in layout.files.iter().enumerate() {
+        let meta =
+            std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+        if !meta.is_file() {
+            bail!(
+                "{} is not a regular file; the scene must refer to files",
+                path.display()
+            );
+        }
+        let mode = if meta.permissions().mode() & 0o111 != 0 {
+            0o755
+        } else {
+            0o644
+        };
+        let digest = cache
+            .known
+            .get(path)
+            .filter(|k| k.size == meta.len() && k.mtime_ns == mtime_ns(&meta) && k.mtime_ns != 0)
+            .map(|k| k.digest.clone());
+        if digest.is_none() {
+            todo.push((i, path.clone(), meta.len(), mtime_ns(&meta)));
+        }
+        entries.push(pb::FileEntry {
+            path: rel.clone(),
+            digest: digest.unwrap_or_default(),
+            size: meta.len(),
+            mode,
+        });
+    }
+    let total: u64 = todo.iter().map(|t| t.2).sum();
+    let bar = bytes_bar(total, "hashing", quiet || todo.is_empty());
+    let parallel = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .min(8);
+    let results = futures_lite_map(todo, parallel, |(i, path, size, mtime)| {
+        let bar = bar.clone();
+        async move {
+            let (digest, _) = tessera_worker::transfer::hash_file(&path).await?;
+            bar.inc(size);
+            Ok::<_, tessera_worker::Error>((i, path, size, mtime, digest))
+        }
+    })
+    .await;
+    bar.finish_and_clear();
+    for r in results {
+        let (i, path, size, mtime_ns, digest) = r?;
+        entries[i].digest = digest.clone();
+        cache.known.insert(
+            path,
+            Known {
+                size,
+                mtime_ns,
+                digest,
+            },
+        );
+        cache.changed = true;
+    }
+    Ok(entries)
+}
+
+/// Runs `f` over `items`, at most `n` at a time; results in any order.
+async fn futures_lite_map<T, R, F, Fut>(items: Vec<T>, n: usize, f: F) -> Vec<R>
+where
+    T: Send + 'static,
+    R: Send + 'static,
+    F: Fn(T) -> Fut,
+    Fut: std::future::Future<Output = R> + Send + 'static,
+{
+    let mut set = tokio::task::JoinSet::new();
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        while set.len() >= n.max(1) {
+            if let Some(r) = set.join_next().await {
+                out.push(r.expect("task panicked"));
+            }
+        }
+        set.spawn(f(item));
+    }
+    while let Some(r) = set.join_next().await {
+        out.push(r.expect("task panicked"));
+    }
+    out
+}
+
+fn bytes_bar(total: u64, what: &str, hidden: bool) -> ProgressBar {
+    if hidden {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template(&format!(
+            "{what} {{bar:30}} {{bytes}}/{{total_bytes}} {{bytes_per_sec}} {{eta}}"
+        ))
+        .expect("valid template"),
+    );
+    bar
+}
+
+/// The encoded FileSet message of `layout` with `entries`.
+pub fn manifest(layout: &Layout, entries: Vec<pb::FileEntry>) -> Vec<u8> {
+    pb::FileSet {
+        scene: layout.scene.clone(),
+        files: entries,
+        mappings: layout
+            .mappings
+            .iter()
+            .map(|(from, to)| pb::PathMapping {
+                from: from.clone(),
+                to: to.clone(),
+            })
+            .collect(),
+        missing: layout.missing.clone(),
+    }
+    .encode_to_vec()
+}
+
+/// Which of `digests` the coordinator lacks (for this user).
+pub async fn missing(
+    c: &mut Client,
+    digests: Vec<String>,
+) -> Result<std::collections::HashSet<String>> {
+    let mut out = std::collections::HashSet::new();
+    // Batches keep each message well under the gRPC size limit.
+    for batch in digests.chunks(10_000) {
+        let m = c
+            .blobs
+            .missing_blobs(pb::MissingBlobsRequest {
+                digests: batch.to_vec(),
+            })
+            .await
+            .map_err(|s| c.explain(s))?
+            .into_inner()
+            .missing;
+        out.extend(m);
+    }
+    Ok(out)
+}
+
+/// Uploads the files of `layout` whose digests are in `lacking`, in
+/// parallel with a progress bar; returns the bytes sent.
+pub async fn upload(
+    c: &mut Client,
+    layout: &Layout,
+    entries: &[pb::FileEntry],
+    lacking: &std::collections::HashSet<String>,
+    quiet: bool,
+) -> Result<u64> {
+    let mut seen = std::collections::HashSet::new();
+    let todo: Vec<(PathBuf, String, u64)> = layout
+        .files
+        .iter()
+        .zip(entries)
+        .filter(|(_, e)| lacking.contains(&e.digest) && seen.insert(e.digest.clone()))
+        .map(|((_, p), e)| (p.clone(), e.digest.clone(), e.size))
+        .collect();
+    let total: u64 = todo.iter().map(|t| t.2).sum();
+    let bar = bytes_bar(total, "uploading", quiet || todo.is_empty());
+    let blobs = c.blobs.clone();
+    let results = futures_lite_map(todo, 4, |(path, digest, size)| {
+        let (mut blobs, bar) = (blobs.clone(), bar.clone());
+        async move {
+            let r = tessera_worker::transfer::put_file(&mut blobs, &path, &digest, size).await;
+            bar.inc(size);
+            r.map_err(|e| (path, e))
+        }
+    })
+    .await;
+    bar.finish_and_clear();
+    let mut sent = 0;
+    for r in results {
+        match r {
+            Ok(n) => sent += n,
+            Err((path, tessera_worker::Error::Rpc(s))) => {
+                return Err(c.explain(s))
+                    .with_context(|| format!("cannot upload {}", path.display()))
+            }
+            Err((path, e)) => {
+                return Err(anyhow!(e)).with_context(|| format!("cannot upload {}", path.display()))
+            }
+        }
+    }
+    Ok(sent)
+}
+
+/// The Blender features a traced scene needs (see the coordinator's
+/// `hardware::FEATURES`).
+pub fn features(trace: &Trace) -> Vec<String> {
+    let mut out = Vec::new();
+    if trace.denoise {
+        out.push("openimagedenoise".to_string());
+    }
+    if trace.engine.contains("EEVEE") {
+        out.push("eevee".to_string());
+    }
+    out
+}
+
+/// `3.4.1` (or `3.4`) as numbers, for comparing versions.
+pub fn version(s: &str) -> Option<(u32, u32, u32)> {
+    let mut parts = s
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|p| !p.is_empty());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    let patch = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    Some((major, minor, patch))
+}
