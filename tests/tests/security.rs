@@ -611,7 +611,7 @@ fn a_corpus_of_bad_input_gets_clear_errors_and_harms_nothing() {
         let _ = std::io::Read::read(&mut s, &mut [0u8; 256]);
         extra += 1;
     }
-    extra += lanes(&rt, &coord, &whole, &alice, &bob, g);
+    extra += lanes(&rt, &coord, &whole, &alice, &bob);
     extra += render_refuses_strangers(&admin_token);
     let corpus = n_cli + extra;
     eprintln!("bad-input corpus: {corpus} cases");
@@ -649,7 +649,6 @@ fn lanes(
     scene_bytes: &[u8],
     alice: &str,
     bob: &str,
-    scene_path: &str,
 ) -> usize {
     use tonic::Code;
     let url = coord.url.clone();
@@ -688,18 +687,45 @@ fn lanes(
             .worker_id
     });
     n += 1;
-    // A job only render-01's worker can take (the harness's worker lacks the tag).
-    let out = cli_as(
-        &url,
-        Some(alice),
-        &["submit", scene_path, "--frames", "1", "--tag", "lane"],
-    );
-    assert!(out.status.success(), "{}", stderr(&out));
-    let lane_job: u64 = String::from_utf8(out.stdout)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    // A job with a file set that only render-01's worker can take (the
+    // harness's worker lacks the tag).
+    let manifest = prost::Message::encode_to_vec(&pb::FileSet {
+        scene: "s.blend".into(),
+        files: vec![pb::FileEntry {
+            path: "s.blend".into(),
+            digest: scene.clone(),
+            size: scene_bytes.len() as u64,
+            mode: 0o644,
+        }],
+        ..Default::default()
+    });
+    let file_set = blake3::hash(&manifest).to_hex().to_string();
+    let spec = |frames: String| pb::JobSpec {
+        scene_digest: scene.clone(),
+        scene_name: "s.blend".into(),
+        frames,
+        ..Default::default()
+    };
+    let lane_job = rt.block_on(async {
+        let chunk = pb::BlobChunk {
+            digest: file_set.clone(),
+            size: manifest.len() as u64,
+            data: manifest.clone(),
+        };
+        blobs
+            .clone()
+            .put_blob(authed(tokio_stream::iter(vec![chunk]), alice))
+            .await
+            .unwrap();
+        let mut lane = spec("1".into());
+        lane.tags = vec!["lane".into()];
+        lane.file_set_digest = file_set.clone();
+        farm.submit_job(authed(lane, alice))
+            .await
+            .unwrap()
+            .into_inner()
+            .job_id
+    });
     rt.block_on(async {
         let lease_req = |worker: &str| pb::LeaseRequest {
             worker_id: worker.into(),
@@ -836,11 +862,11 @@ fn lanes(
 
         // Blob reads by reference: the lease holder's token reads the scene,
         // another worker token and another user do not, and see "not found".
-        let read = |token: &str| {
+        let read = |token: &str, digest: &str| {
             let mut blobs = blobs.clone();
             let req = authed(
                 pb::GetBlobRequest {
-                    digest: scene.clone(),
+                    digest: digest.to_string(),
                 },
                 token,
             );
@@ -851,9 +877,14 @@ fn lanes(
                 }
             }
         };
-        assert!(read(&r1).await.unwrap());
-        refused(read(&r2).await, Code::NotFound, "not found");
-        refused(read(bob).await, Code::NotFound, "not found");
+        assert!(read(&r1, &scene).await.unwrap());
+        refused(read(&r2, &scene).await, Code::NotFound, "not found");
+        refused(read(bob, &scene).await, Code::NotFound, "not found");
+        // The lane job's file set, too.
+        assert_eq!(task.file_set_digest, file_set);
+        assert!(read(&r1, &file_set).await.unwrap());
+        refused(read(&r2, &file_set).await, Code::NotFound, "not found");
+        refused(read(bob, &file_set).await, Code::NotFound, "not found");
         // MissingBlobs does not reveal alice's scene to bob...
         let missing = |token: &str| {
             let mut blobs = blobs.clone();
@@ -867,12 +898,6 @@ fn lanes(
         };
         assert_eq!(missing(bob).await, vec![scene.clone()]);
         // ...nor may bob name it in a job.
-        let spec = |frames: String| pb::JobSpec {
-            scene_digest: scene.clone(),
-            scene_name: "s.blend".into(),
-            frames,
-            ..Default::default()
-        };
         refused(
             farm.submit_job(authed(spec("1".into()), bob)).await,
             Code::InvalidArgument,
@@ -893,7 +918,15 @@ fn lanes(
             .into_inner();
         assert!(!put.already_present);
         assert!(missing(bob).await.is_empty());
-        assert!(read(bob).await.unwrap());
+        assert!(read(bob, &scene).await.unwrap());
+        // Holding the scene, bob still may not name alice's file set.
+        let mut theirs = spec("1".into());
+        theirs.file_set_digest = file_set.clone();
+        refused(
+            farm.submit_job(authed(theirs, bob)).await,
+            Code::InvalidArgument,
+            &format!("file set {file_set} has not been uploaded by you"),
+        );
 
         // 4 MiB of overlapping ranges is refused at once.
         let part = "1-50000,";
@@ -923,7 +956,7 @@ fn lanes(
             .await
             .unwrap();
     });
-    n += 22;
+    n += 26;
     cli_ok(&url, &["cancel", &lane_job.to_string()]);
     n
 }
