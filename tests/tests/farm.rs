@@ -136,7 +136,10 @@ fn a_killed_workers_task_runs_on_another_worker() {
 #[test]
 fn a_coordinator_killed_mid_job_recovers_it_on_restart() {
     let dir = scratch();
-    let scene = scene(&["--kind", "anim", "--frames", "8"]);
+    // Enough samples that the job is still running when the first frame is
+    // seen: at 8 samples a warm session renders the other five frames
+    // (about 60 ms each) before the status poll notices the first.
+    let scene = scene(&["--kind", "anim", "--frames", "8", "--samples", "128"]);
     let data = dir.path().join("data");
     let mut coord = Coordinator::start(&data, "127.0.0.1:0", &["--lease-ttl", "3"]);
     let addr = coord.addr.clone();

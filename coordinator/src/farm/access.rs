@@ -165,9 +165,10 @@ impl Farm {
             .collect()
     }
 
-    /// Records that `who` uploaded `d` (its bytes were re-hashed), durably.
-    /// Returns what to report as "already present": whether `who` possessed
-    /// it before, never whether someone else had stored it.
+    /// Records that `who` uploaded `d` (its bytes were re-hashed), durably
+    /// (not for admins, who possess every blob). Returns what to report as
+    /// "already present": whether `who` possessed it before, never whether
+    /// someone else had stored it.
     pub fn record_upload(
         &self,
         who: &Identity,
@@ -176,11 +177,12 @@ impl Farm {
     ) -> Result<bool, Error> {
         let mut st = self.lock();
         let had = Self::possesses(&st, who, &d);
-        if !st
-            .access
-            .grants
-            .get(&who.name)
-            .is_some_and(|g| g.contains(&d))
+        if !who.is_admin()
+            && !st
+                .access
+                .grants
+                .get(&who.name)
+                .is_some_and(|g| g.contains(&d))
         {
             self.store.write(&[Record::Grant(&who.name, d)])?;
             st.access
@@ -194,7 +196,8 @@ impl Farm {
 
     /// Fails with "not found" (as for a missing blob) unless `who` may read
     /// `d`: an admin reads anything; a user what it uploaded or its jobs use;
-    /// a worker a job's scene while one of its workers holds a lease of it.
+    /// a worker a job's scene, file set and the set's files while one of its
+    /// workers holds a lease of that job.
     pub fn check_read(&self, who: &Identity, d: &Digest) -> Result<(), Error> {
         let mut st = self.lock();
         let allowed = match who.role {
