@@ -69,7 +69,7 @@ pub struct Identity {
 }
 
 impl Identity {
-    /// The identity of every request when authentication is off (local mode).
+    /// The identity of every request when authentication is off.
     pub fn local() -> Self {
         Self {
             name: "local".into(),

@@ -50,7 +50,9 @@ pub struct Config {
     pub health: HealthLimits,
     /// Failed attempts after which a worker is blocked for a job.
     pub block_after: u32,
-    /// Whether requests need a token (off only for the local `render` mode).
+    /// Whether requests need a token: always on in `tessera` (its embedded
+    /// `render` farm included); off only for a library user that embeds a
+    /// farm no other process can reach.
     pub auth: bool,
     /// Largest gRPC message accepted, in bytes (blobs travel in 1 MiB chunks).
     pub max_message: usize,
