@@ -18,7 +18,7 @@ Cases (paths relative to OUT; "rel" = stored `//`-relative, "abs" = stored absol
 | absolute          | project/scene.blend    | elsewhere/wood.png (abs), outside the scene's folder              |
 | library           | shots/shot.blend       | lib/prop.blend (rel `//../lib/prop.blend`), which uses            |
 |                   |                        | lib/tex/bark.png (rel to the library: `//tex/bark.png`)           |
-| linked-absolute   | shots/shot.blend       | lib/crate.blend (rel), which links a material from                |
+| linked-absolute   | shots/shot.blend       | lib/crate.blend (abs), which links a material from                |
 |                   |                        | assets/materials.blend (abs, an indirect library), which uses     |
 |                   |                        | textures/stone.png (abs): absolute paths inside linked data       |
 | sequence          | scene.blend            | seq/frame_0001.png .. frame_0003.png, an image sequence, frames 1-3 |
@@ -289,7 +289,7 @@ def case_linked_absolute(out):
 
     scene_path = os.path.join(out, "shots", "shot.blend")
     scene = new_scene_file(scene_path)
-    link_object(scene, crate_path, "Crate", relative=True)
+    link_object(scene, crate_path, "Crate", relative=False)  # absolute: a direct library too
     grey = write_png(os.path.join(out, "shots", "tex", "grey.png"), 4, 4,
                      checker((0.5, 0.5, 0.5), (0.8, 0.8, 0.8), n=1))
     gimg = load_image(grey, "Grey", rel(grey))
