@@ -80,6 +80,7 @@ import json
 import os
 import re
 import sys
+import time
 
 import bpy
 
@@ -624,7 +625,9 @@ def main():
     if not bpy.data.filepath:
         fail("no .blend file is loaded: give the scene before --python "
              "(blender -b SCENE.blend --python deps.py -- --out FILE.json)")
+    t0 = time.monotonic()
     data = report()
+    seconds = time.monotonic() - t0
     out = os.path.abspath(args.out)
     tmp = out + ".tmp%d" % os.getpid()
     try:
@@ -639,9 +642,9 @@ def main():
             pass
         fail("cannot write %s: %s" % (out, e.strerror or e))
     n_missing = sum(len(f["missing"]) for f in data["files"])
-    print("deps.py: %d references, %d files, %d missing -> %s" % (
-        len(data["files"]), sum(len(f["members"]) for f in data["files"]), n_missing, out),
-        flush=True)
+    print("deps.py: %d references, %d files, %d missing, walked in %.3f s -> %s" % (
+        len(data["files"]), sum(len(f["members"]) for f in data["files"]), n_missing,
+        seconds, out), flush=True)
 
 
 if __name__ == "__main__":
