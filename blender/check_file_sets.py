@@ -33,6 +33,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from check_png import read_png  # noqa: E402
 
+KINDS_ABS = (["fonts/DejaVuSerif-Bold.ttf", "audio/beep.wav", "caches/mover.pc2"]
+             + ["caches/cloth_b/436C6F746842_%06d_00.bphys" % i for i in (1, 2, 3)]
+             + ["fluid_cache/config/config_%04d.uni" % i for i in (1, 2, 3)]
+             + ["fluid_cache/data/fluid_data_%04d.vdb" % i for i in (1, 2, 3)])
+KINDS_REL = (["clip/c_0001.png", "clip/c_0002.png", "strips/s_0001.png", "strips/s_0002.png"]
+             + ["vdb/smoke_%04d.vdb" % i for i in (1, 2, 3)]
+             + ["blendcache_scene/436C6F746841_%06d_00.bphys" % i for i in (1, 2, 3)])
+
 # members / missing relative to the case folder; "abs": members referred to by absolute path
 EXPECT = {
     "subfolder": {"members": ["tex/checker.png"], "abs": [], "frames": [1]},
@@ -51,6 +59,12 @@ EXPECT = {
     "missing": {"members": [], "missing": ["tex/not_there.png"], "abs": [], "frames": [1]},
     "many": {"members": ["many/f_%04d.png" % i for i in range(1, 2001)], "abs": [],
              "frames": [1, 2000]},
+    "kinds": {"members": KINDS_REL + KINDS_ABS, "abs": KINDS_ABS, "frames": [1, 3]},
+    # The shot links only objects: the sound, clip and the "Edit" scene's strip stay behind.
+    "linked-kinds": {"members": ["lib/scene.blend"] + [
+        "lib/" + p for p in KINDS_REL + KINDS_ABS
+        if not p.startswith(("audio/", "clip/", "strips/"))],
+        "abs": ["lib/" + p for p in KINDS_ABS if not p.startswith("audio/")], "frames": [1, 3]},
 }
 
 

@@ -571,6 +571,8 @@ def other_refs(refs):
             known.add(r.abs + os.sep)
     # packed=False leaves packed data out (the 3.4 docstring has the meaning inverted).
     for path in bpy.utils.blend_paths(absolute=True, packed=False, local=False):
+        if not path:
+            continue
         p = _norm(path)
         if p in known or path in known:
             continue

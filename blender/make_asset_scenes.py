@@ -26,6 +26,15 @@ Cases (paths relative to OUT; "rel" = stored `//`-relative, "abs" = stored absol
 | missing           | scene.blend            | tex/not_there.png (rel), deliberately absent: renders magenta     |
 | many              | scene.blend            | many/f_0001.png .. f_2000.png: ONE image datablock, a 2,000-frame |
 |                   |                        | sequence; frame N of the scene shows file N                       |
+| kinds             | scene.blend            | fonts/DejaVuSerif-Bold.ttf (abs, a text object), caches/mover.pc2  |
+|                   |                        | (abs, Mesh Cache modifier), a cloth with a disk cache              |
+|                   |                        | (blendcache_scene/, implied relative), a cloth with an external   |
+|                   |                        | cache (caches/cloth_b/, abs), a smoke domain baked to             |
+|                   |                        | fluid_cache/ (abs), a volume sequence vdb/smoke_000N.vdb (rel);   |
+|                   |                        | not rendered: audio/beep.wav (abs sound), clip/c_000N.png (movie  |
+|                   |                        | clip sequence), strips/s_000N.png (VSE image strip, scene "Edit") |
+| linked-kinds      | shots/shot.blend       | links the six rendered objects of a `kinds` scene built in lib/   |
+|                   |                        | (rel `//../lib/scene.blend`): all of the above as linked data     |
 
 Why `many` is one sequence: 2,000 image datablocks make loading and syncing
 slow, but a file set of 2,000 small files is what the speed check needs; a
@@ -42,13 +51,17 @@ distinct colours.
 """
 
 import argparse
+import math
 import os
+import shutil
+import struct
 import sys
+import wave
 
 import bpy
 
 CASES = ("subfolder", "absolute", "library", "linked-absolute", "sequence", "udim",
-         "missing", "many")
+         "missing", "many", "kinds", "linked-kinds")
 MANY_FILES = 2000
 
 
@@ -387,6 +400,221 @@ def case_many(out):
     return scene_path
 
 
+def case_kinds(out):
+    """One of each other kind of external file, most of them visible in frame 3."""
+    scene_path = os.path.join(out, "scene.blend")
+    scene = new_scene_file(scene_path, frames=3)
+
+    # Font (absolute): a text object; a missing font falls back to Blender's own.
+    font_src = "/usr/share/fonts/truetype/dejavu/DejaVuSerif-Bold.ttf"
+    font_path = os.path.join(out, "fonts", "DejaVuSerif-Bold.ttf")
+    os.makedirs(os.path.dirname(font_path), exist_ok=True)
+    shutil.copyfile(font_src, font_path)
+    font = bpy.data.fonts.load(font_path)
+    curve = bpy.data.curves.new("Label", "FONT")
+    curve.body = "Ag"
+    curve.font = font
+    curve.size = 1.2
+    label = bpy.data.objects.new("Label", curve)
+    label.location = (-1.9, 0.4, 0.0)
+    scene.collection.objects.link(label)
+    label.data.materials.append(flat_material("LabelMat", (0.9, 0.9, 0.2)))
+
+    # Cloth with a disk cache (relative: //blendcache_scene/) and a second cloth whose
+    # external cache sits in an absolute folder; sideways gravity so the fall shows
+    # through the camera looking straight down.
+    scene.gravity = (-200.0, 0.0, 0.0)
+    cloth_a = add_cloth(scene, "ClothA", (1.2, 0.8, 0.0), (0.9, 0.2, 0.2))
+    cloth_b = add_cloth(scene, "ClothB", (1.2, -0.8, 0.0), (0.2, 0.9, 0.2))
+    bake_point_caches(scene)
+    ext_dir = os.path.join(out, "caches", "cloth_b")
+    os.makedirs(ext_dir, exist_ok=True)
+    pc_b = cloth_b.modifiers["Cloth"].point_cache
+    prefix = "".join("%02X" % b for b in cloth_b.name.encode())
+    blendcache = os.path.join(out, "blendcache_scene")
+    for name in sorted(os.listdir(blendcache)):
+        if name.startswith(prefix + "_"):
+            shutil.move(os.path.join(blendcache, name), os.path.join(ext_dir, name))
+    pc_b.use_external = True
+    pc_b.name = prefix
+    pc_b.filepath = ext_dir  # absolute on purpose
+    del cloth_a
+
+    # Mesh cache (absolute): a PC2 file moving a small quad over frames 1-3.
+    pc2 = os.path.join(out, "caches", "mover.pc2")
+    add_mover(scene, pc2, (0.0, -1.1, 0.0), (0.2, 0.5, 0.95))
+
+    # Smoke: a tiny fluid domain baked into an absolute cache folder, and a volume
+    # object reading copies of its VDB files as a relative sequence.
+    vdb_dir = os.path.join(out, "fluid_cache")
+    bake_smoke(scene, vdb_dir)
+    vdb_seq = os.path.join(out, "vdb")
+    os.makedirs(vdb_seq, exist_ok=True)
+    for f in range(1, 4):
+        shutil.copyfile(os.path.join(vdb_dir, "data", "fluid_data_%04d.vdb" % f),
+                        os.path.join(vdb_seq, "smoke_%04d.vdb" % f))
+    vol = bpy.data.volumes.new("Smoke")
+    vol.filepath = "//vdb/smoke_0001.vdb"
+    vol.is_sequence = True
+    vol.frame_start = 1
+    vol.frame_duration = 3
+    vol_ob = bpy.data.objects.new("SmokeCopy", vol)
+    vol_ob.location = (0.9, -0.9, 0.0)
+    scene.collection.objects.link(vol_ob)
+    vol.materials.append(volume_material("SmokeCopyMat", (0.3, 0.9, 1.0)))
+
+    # Listed, not rendered: a sound, a movie clip (an image sequence) and, in a second
+    # scene that is never rendered, a VSE image strip of two files.
+    wav = write_wav(os.path.join(out, "audio", "beep.wav"))
+    snd = bpy.data.sounds.load(wav)
+    snd.use_fake_user = True
+    clip_files = [write_png(os.path.join(out, "clip", "c_%04d.png" % i), 4, 4,
+                            checker((i / 3.0, 0.2, 0.4), (0.1, 0.1, 0.1), n=1)) for i in (1, 2)]
+    clip = bpy.data.movieclips.load(clip_files[0])
+    clip.filepath = rel(clip_files[0])
+    clip.use_fake_user = True
+    strips = [write_png(os.path.join(out, "strips", "s_%04d.png" % i), 4, 4,
+                        checker((0.2, i / 3.0, 0.4), (0.1, 0.1, 0.1), n=1)) for i in (1, 2)]
+    edit = bpy.data.scenes.new("Edit")
+    seq = edit.sequence_editor_create()
+    strip = seq.sequences.new_image("Stills", rel(strips[0]), channel=1, frame_start=1)
+    strip.elements.append(os.path.basename(strips[1]))
+
+    scene.frame_set(1)
+    save(scene_path)
+    return scene_path
+
+
+def case_linked_kinds(out):
+    """The `kinds` scene as a library (lib/scene.blend), its objects linked into a shot:
+    absolute paths and disk caches inside linked data."""
+    lib_path = case_kinds(os.path.join(out, "lib"))
+    scene_path = os.path.join(out, "shots", "shot.blend")
+    scene = new_scene_file(scene_path, frames=3)
+    scene.gravity = (-200.0, 0.0, 0.0)  # the cloth caches were baked with it
+    names = ["Label", "ClothA", "ClothB", "Mover", "SmokeDomain", "SmokeCopy"]
+    with bpy.data.libraries.load(lib_path, link=True, relative=True) as (src, dst):
+        dst.objects = names
+    for ob in dst.objects:
+        scene.collection.objects.link(ob)
+    save(scene_path)
+    return scene_path
+
+
+def flat_material(name, colour):
+    mat = bpy.data.materials.new(name)
+    mat.use_nodes = True
+    nt = mat.node_tree
+    for n in list(nt.nodes):
+        nt.nodes.remove(n)
+    out = nt.nodes.new("ShaderNodeOutputMaterial")
+    em = nt.nodes.new("ShaderNodeEmission")
+    em.inputs["Color"].default_value = (*colour, 1.0)
+    nt.links.new(em.outputs["Emission"], out.inputs["Surface"])
+    return mat
+
+
+def volume_material(name, colour):
+    """Volume emission proportional to the "density" grid: visible on the black
+    background exactly where there is smoke."""
+    mat = bpy.data.materials.new(name)
+    mat.use_nodes = True
+    nt = mat.node_tree
+    for n in list(nt.nodes):
+        nt.nodes.remove(n)
+    out = nt.nodes.new("ShaderNodeOutputMaterial")
+    attr = nt.nodes.new("ShaderNodeAttribute")
+    attr.attribute_name = "density"
+    mul = nt.nodes.new("ShaderNodeMath")
+    mul.operation = "MULTIPLY"
+    mul.inputs[1].default_value = 40.0
+    em = nt.nodes.new("ShaderNodeEmission")
+    em.inputs["Color"].default_value = (*colour, 1.0)
+    nt.links.new(attr.outputs["Fac"], mul.inputs[0])
+    nt.links.new(mul.outputs["Value"], em.inputs["Strength"])
+    nt.links.new(em.outputs["Emission"], out.inputs["Volume"])
+    return mat
+
+
+def add_cloth(scene, name, location, colour):
+    bpy.ops.mesh.primitive_grid_add(x_subdivisions=4, y_subdivisions=4, size=0.6,
+                                    location=location)
+    ob = bpy.context.active_object
+    ob.name = name
+    ob.data.materials.append(flat_material(name + "Mat", colour))
+    md = ob.modifiers.new("Cloth", "CLOTH")
+    md.settings.quality = 2
+    pc = md.point_cache
+    pc.frame_start, pc.frame_end = 1, 3
+    pc.use_disk_cache = True
+    return ob
+
+
+def bake_point_caches(scene):
+    with bpy.context.temp_override(scene=scene):
+        bpy.ops.ptcache.bake_all(bake=True)
+
+
+def add_mover(scene, pc2_path, location, colour):
+    """A quad deformed by a PC2 point cache written here (header + float32 xyz)."""
+    bpy.ops.mesh.primitive_plane_add(size=0.5, location=location)
+    ob = bpy.context.active_object
+    ob.name = "Mover"
+    ob.data.materials.append(flat_material("MoverMat", colour))
+    verts = [v.co.copy() for v in ob.data.vertices]
+    os.makedirs(os.path.dirname(pc2_path), exist_ok=True)
+    with open(pc2_path, "wb") as f:
+        f.write(struct.pack("<12siiffi", b"POINTCACHE2\0", 1, len(verts), 1.0, 1.0, 3))
+        for frame in range(3):
+            for co in verts:
+                f.write(struct.pack("<fff", co.x + 0.4 * frame, co.y, co.z))
+    md = ob.modifiers.new("MeshCache", "MESH_CACHE")
+    md.cache_format = "PC2"
+    md.filepath = pc2_path  # absolute on purpose
+    md.frame_start = 1.0
+    return ob
+
+
+def bake_smoke(scene, cache_dir):
+    bpy.ops.mesh.primitive_cube_add(size=1.2, location=(-0.9, -0.9, 0.0))
+    domain = bpy.context.active_object
+    domain.name = "SmokeDomain"
+    bpy.ops.mesh.primitive_ico_sphere_add(radius=0.2, location=(-0.9, -0.9, -0.3))
+    emitter = bpy.context.active_object
+    emitter.name = "SmokeEmitter"
+    emitter.hide_render = True
+    em = emitter.modifiers.new("Fluid", "FLUID")
+    em.fluid_type = "FLOW"
+    em.flow_settings.flow_type = "SMOKE"
+    em.flow_settings.flow_behavior = "INFLOW"
+    dm = domain.modifiers.new("Fluid", "FLUID")
+    dm.fluid_type = "DOMAIN"
+    ds = dm.domain_settings
+    ds.domain_type = "GAS"
+    ds.resolution_max = 12
+    ds.cache_type = "ALL"
+    ds.cache_data_format = "OPENVDB"
+    ds.cache_frame_start, ds.cache_frame_end = 1, 3
+    ds.cache_directory = cache_dir  # absolute on purpose
+    domain.data.materials.append(volume_material("SmokeMat", (1.0, 0.5, 0.1)))
+    with bpy.context.temp_override(scene=scene, object=domain, active_object=domain):
+        bpy.ops.fluid.bake_all()
+    return domain
+
+
+def write_wav(path):
+    """A 0.1 s 440 Hz mono tone, 16-bit (stdlib wave)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    rate = 8000
+    with wave.open(path, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(b"".join(struct.pack("<h", int(8000 * math.sin(2 * math.pi * 440 * i / rate)))
+                               for i in range(rate // 10)))
+    return path
+
+
 BUILDERS = {
     "subfolder": case_subfolder,
     "absolute": case_absolute,
@@ -396,6 +624,8 @@ BUILDERS = {
     "udim": case_udim,
     "missing": case_missing,
     "many": case_many,
+    "kinds": case_kinds,
+    "linked-kinds": case_linked_kinds,
 }
 
 
