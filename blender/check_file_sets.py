@@ -16,12 +16,19 @@ For each case it:
  5. renders the copy with render_remapped.py (remap.py + the mapping) and compares
     the pixels with step 3 (exactly equal, every frame);
  6. for cases with absolute references, renders the copy once more with an empty
-    mapping: those pixels must differ, which shows the remap was needed and worked.
+    mapping: those pixels must differ, which shows the remap was needed and worked;
+ 7. checks the submit-time alternative: rewrite_library.py makes the absolute
+    references of every file that holds one (the scene, and each `owner` in
+    deps.py's output) relative, the copies replace those files in a second job
+    root, and that root renders with NO mapping, pixel-equal to step 3.
 
-Prints one line per case and a summary; exit 0 when every case passes.
+Every case also checks that no file of the original tree changed (sha256 of
+each file after the build and at the end). Prints one JSON line per case and a
+Markdown table; exit 0 when every case passes.
 """
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -98,9 +105,63 @@ def check_deps(case, case_dir, data):
     return errs
 
 
+def tree_digest(folder):
+    """{relative path: sha256} of every file below folder."""
+    out = {}
+    for dirpath, _, names in os.walk(folder):
+        for n in names:
+            p = os.path.join(dirpath, n)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, folder)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
 def same_pixels(a, b):
     pa, pb = read_png(a), read_png(b)
     return pa == pb
+
+
+def check_rewrite(case, data, scene, common, files, frames, ref_dir, farm, logs, blender,
+                  away, orig, empty_map):
+    """Step 7; runs while the original tree is renamed away, so rewrite_library.py is run
+    on the files at `away` (the same tree under another name: every reference it
+    rewrites becomes relative, and relative paths do not care about the name)."""
+    holders = {scene} | {f["owner"] for f in data["files"]
+                         if f["absolute_ref"] and f["owner"]}
+    if not any(f["absolute_ref"] and not f["owner"] for f in data["files"]):
+        holders.discard(scene)
+    root = os.path.join(farm, "root-rewritten")
+    for src in files:
+        dst = os.path.join(root, os.path.relpath(src, common))
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copy2(src.replace(orig, away, 1), dst)
+    # Absolute references still name the original tree: give it back while rewriting.
+    os.rename(away, orig)
+    try:
+        for n, holder in enumerate(sorted(holders)):
+            only = os.path.join(farm, "only.json")
+            json.dump([f["abs"] for f in data["files"] if f["absolute_ref"]], open(only, "w"))
+            tmp = os.path.join(farm, "rewritten-%d.blend" % n)
+            rc, _ = run(blender_cmd(blender, holder, "--python-exit-code", "3", "--python",
+                                    os.path.join(HERE, "rewrite_library.py"), "--", "--out", tmp,
+                                    "--only", only), os.path.join(logs, "rewrite-%d.log" % n))
+            if rc != 0:
+                return False
+            shutil.copyfile(tmp, os.path.join(root, os.path.relpath(holder, common)))
+    finally:
+        os.rename(orig, away)
+    out = os.path.join(farm, "out-rewritten")
+    probs = os.path.join(farm, "problems-rewritten.json")
+    job_scene = os.path.join(root, os.path.relpath(scene, common))
+    rc, _ = run(blender_cmd(blender, job_scene, "--python-exit-code", "3", "--python",
+                            os.path.join(HERE, "render_remapped.py"), "--", "--root", root,
+                            "--map", empty_map, "--out", out, "--frames",
+                            ",".join(map(str, frames)), "--problems", probs),
+                os.path.join(logs, "rewritten.log"))
+    if rc != 0 or json.load(open(probs)):
+        return False
+    return all(same_pixels(os.path.join(ref_dir, "frame_%04d.png" % fr),
+                           os.path.join(out, "frame_%04d.png" % fr)) for fr in frames)
 
 
 def check_case(case, work, blender):
@@ -121,6 +182,7 @@ def check_case(case, work, blender):
         return dict(result, ok=False, why="build failed (rc %d)" % rc)
     scene = [ln.split("scene=", 1)[1].strip() for ln in open(os.path.join(logs, "build.log"))
              if ln.startswith("make_asset_scenes:")][0]
+    before = tree_digest(orig)
 
     # 2. deps
     deps_json = os.path.join(logs, "deps.json")
@@ -196,11 +258,17 @@ def check_case(case, work, blender):
             a = os.path.join(ref_dir, "frame_%04d.png" % frames[0])
             b = os.path.join(out0, "frame_%04d.png" % frames[0])
             result["control_differs"] = not (os.path.exists(b) and same_pixels(a, b))
+
+            # 7. rewritten copies instead of a mapping
+            result["rewrite_equal"] = check_rewrite(case, data, scene, common, files, frames,
+                                                    ref_dir, farm, logs, blender, away, orig,
+                                                    empty_map)
     finally:
         os.rename(away, orig)
 
-    ok = result["deps_ok"] and result["pixels_equal"] and not result["remap_problems"] \
-        and result.get("control_differs", True)
+    result["originals_untouched"] = tree_digest(orig) == before
+    ok = result["originals_untouched"] and result["deps_ok"] and result["pixels_equal"] and not result["remap_problems"] \
+        and result.get("control_differs", True) and result.get("rewrite_equal", True)
     return dict(result, ok=ok)
 
 
@@ -220,15 +288,15 @@ def main():
         print(json.dumps(r), flush=True)
     print()
     print("| case | deps.py lists | deps.py wall (walk) | copied / mapped | remap problems "
-          "| pixels equal | control w/o remap differs | result |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| pixels equal | control w/o remap differs | rewritten copies equal | result |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        print("| %s | %s | %s s (%s s) | %s / %s | %s | %s | %s | %s |" % (
+        print("| %s | %s | %s s (%s s) | %s / %s | %s | %s | %s | %s | %s |" % (
             r["case"], "exact" if r.get("deps_ok") else r.get("deps_errors", "-"),
             r.get("deps_wall_s", "-"), r.get("deps_walk_s", "-"), r.get("files_copied", "-"),
             r.get("mapping", "-"), len(r.get("remap_problems", [])) or "none",
             r.get("pixels_equal", "-"), r.get("control_differs", "n/a"),
-            "PASS" if r["ok"] else "FAIL: %s" % r.get("why", "")))
+            r.get("rewrite_equal", "n/a"), "PASS" if r["ok"] else "FAIL: %s" % r.get("why", "")))
     sys.exit(0 if all(r["ok"] for r in results) else 1)
 
 

@@ -221,26 +221,34 @@ def image_user_frame(iu, cfra):
     return f + iu.frame_offset
 
 
+_image_users_cache = {}
+
+
 def image_users(image):
     """ImageUser structs that show `image`: Image Texture / Environment / compositor
-    Image nodes (in every node tree, including groups) and image textures."""
-    users = []
-    trees = []
-    for coll in (bpy.data.materials, bpy.data.worlds, bpy.data.lights, bpy.data.textures,
-                 bpy.data.scenes, bpy.data.linestyles):
-        for idb in coll:
-            nt = getattr(idb, "node_tree", None)
-            if nt is not None:
-                trees.append(nt)
-    trees.extend(bpy.data.node_groups)
-    for nt in trees:
-        for node in nt.nodes:
-            if getattr(node, "image", None) == image and hasattr(node, "image_user"):
-                users.append(node.image_user)
-    for tex in bpy.data.textures:
-        if getattr(tex, "image", None) == image and hasattr(tex, "image_user"):
-            users.append(tex.image_user)
-    return users
+    Image nodes (in every node tree, including groups) and image textures.
+    Indexed once per walk, so many sequences do not rescan every node tree."""
+    if not _image_users_cache:
+        index = {}
+        trees = []
+        for coll in (bpy.data.materials, bpy.data.worlds, bpy.data.lights, bpy.data.textures,
+                     bpy.data.scenes, bpy.data.linestyles):
+            for idb in coll:
+                nt = getattr(idb, "node_tree", None)
+                if nt is not None:
+                    trees.append(nt)
+        trees.extend(bpy.data.node_groups)
+        for nt in trees:
+            for node in nt.nodes:
+                img = getattr(node, "image", None)
+                if img is not None and hasattr(node, "image_user"):
+                    index.setdefault(img.as_pointer(), []).append(node.image_user)
+        for tex in bpy.data.textures:
+            img = getattr(tex, "image", None)
+            if img is not None and hasattr(tex, "image_user"):
+                index.setdefault(img.as_pointer(), []).append(tex.image_user)
+        _image_users_cache["index"] = index
+    return _image_users_cache["index"].get(image.as_pointer(), [])
 
 
 # ---------------------------------------------------------------- references
@@ -543,6 +551,7 @@ def reset_caches():
     """Forget resolved library paths and folder listings (after a path changed)."""
     _lib_abs_cache.clear()
     _listing_cache.clear()
+    _image_users_cache.clear()
 
 
 def collect(scene=None):
