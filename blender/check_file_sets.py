@@ -66,6 +66,8 @@ EXPECT = {
     "missing": {"members": [], "missing": ["tex/not_there.png"], "abs": [], "frames": [1]},
     "many": {"members": ["many/f_%04d.png" % i for i in range(1, 2001)], "abs": [],
              "frames": [1, 2000]},
+    "nested": {"members": ["lib/deep/prop.blend", "assets/mats.blend", "assets/tex/rock.png"],
+               "abs": [], "frames": [1]},
     "kinds": {"members": KINDS_REL + KINDS_ABS, "abs": KINDS_ABS, "frames": [1, 3]},
     # The shot links only objects: the sound, clip and the "Edit" scene's strip stay behind.
     "linked-kinds": {"members": ["lib/scene.blend"] + [

@@ -105,15 +105,19 @@ _lib_abs_cache = {}
 
 
 def lib_abs(lib):
-    """Absolute path of a library file. An indirect library's relative path is relative
-    to the library that links it (its parent), not to the main file, which
-    bpy.path.abspath(library=...) gets wrong, so resolve the chain here."""
+    """Absolute path of a library file (None: the scene itself).
+
+    In memory, every Library.filepath that is `//`-relative is relative to the *scene*,
+    also for indirect libraries: Blender re-bases the path stored in the parent library
+    when it reads it (`//../../assets/mats.blend` in lib/deep/prop.blend shows up as
+    `//../assets/mats.blend` when loaded from shots/shot.blend). So resolve against the
+    scene's folder, never the parent's (which bpy.path.abspath(library=lib.parent)
+    would do)."""
     if lib is None:
         return os.path.abspath(bpy.data.filepath)
     key = lib.name
     if key not in _lib_abs_cache:
-        base = os.path.dirname(lib_abs(lib.parent)) if lib.parent is not None else main_dir()
-        _lib_abs_cache[key] = resolve(lib.filepath, base)
+        _lib_abs_cache[key] = resolve(lib.filepath, main_dir())
     return _lib_abs_cache[key]
 
 

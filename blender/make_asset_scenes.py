@@ -35,6 +35,10 @@ Cases (paths relative to OUT; "rel" = stored `//`-relative, "abs" = stored absol
 |                   |                        | clip sequence), strips/s_000N.png (VSE image strip, scene "Edit") |
 | linked-kinds      | shots/shot.blend       | links the six rendered objects of a `kinds` scene built in lib/   |
 |                   |                        | (rel `//../lib/scene.blend`): all of the above as linked data     |
+| nested            | shots/shot.blend       | lib/deep/prop.blend (rel `//../lib/deep/prop.blend`) links a      |
+|                   |                        | material from assets/mats.blend (rel to the library:              |
+|                   |                        | `//../../assets/mats.blend`), which uses assets/tex/rock.png      |
+|                   |                        | (`//tex/rock.png`): relative paths at different depths            |
 
 Why `many` is one sequence: 2,000 image datablocks make loading and syncing
 slow, but a file set of 2,000 small files is what the speed check needs; a
@@ -61,7 +65,7 @@ import wave
 import bpy
 
 CASES = ("subfolder", "absolute", "library", "linked-absolute", "sequence", "udim",
-         "missing", "many", "kinds", "linked-kinds")
+         "missing", "many", "kinds", "linked-kinds", "nested")
 MANY_FILES = 2000
 
 
@@ -485,6 +489,31 @@ def case_kinds(out):
     return scene_path
 
 
+def case_nested(out):
+    """Relative paths three files deep, at different folder depths: an indirect library's
+    path is relative to the library linking it, not to the scene."""
+    mats_path = os.path.join(out, "assets", "mats.blend")
+    new_scene_file(mats_path)
+    rock = write_png(os.path.join(out, "assets", "tex", "rock.png"), 8, 6,
+                     checker((0.8, 0.3, 0.6), (0.2, 0.7, 0.7), n=2))
+    mat = emission_material("Rock", load_image(rock, "Rock", rel(rock)))
+    mat.use_fake_user = True
+    save(mats_path)
+
+    prop_path = os.path.join(out, "lib", "deep", "prop.blend")
+    pscene = new_scene_file(prop_path)
+    with bpy.data.libraries.load(mats_path, link=True, relative=True) as (src, dst):
+        dst.materials = ["Rock"]
+    add_plane(pscene, "Prop", dst.materials[0], location=(0.0, 0.5, 0.0), size=(4.0, 2.0))
+    save(prop_path)
+
+    scene_path = os.path.join(out, "shots", "shot.blend")
+    scene = new_scene_file(scene_path)
+    link_object(scene, prop_path, "Prop", relative=True)
+    save(scene_path)
+    return scene_path
+
+
 def case_linked_kinds(out):
     """The `kinds` scene as a library (lib/scene.blend), its objects linked into a shot:
     absolute paths and disk caches inside linked data."""
@@ -626,6 +655,7 @@ BUILDERS = {
     "many": case_many,
     "kinds": case_kinds,
     "linked-kinds": case_linked_kinds,
+    "nested": case_nested,
 }
 
 
