@@ -38,7 +38,9 @@ JSON contract (version 1):
                                             # library: the library that links it); null = the scene
         "written": "//tex/checker.png",     # the path string exactly as stored; for disk point
                                             # caches, which store no path, the implied
-                                            # "//blendcache_<blendname>/" of the owner file
+                                            # "//blendcache_<blendname>/" of the owner file; for
+                                            # an indirect library, the value Blender holds in
+                                            # memory, re-based on the scene (see lib_abs)
         "abs": "/abs/normalized/path",      # resolved as Blender does (// against the owner's
                                             # folder), normalised; keeps <UDIM>/<UVTILE> tokens;
                                             # a folder for pattern "directory"

@@ -285,13 +285,12 @@ def case_library(out):
 def case_linked_absolute(out):
     # assets/materials.blend: material "Stone" using textures/stone.png by ABSOLUTE path.
     mats_path = os.path.join(out, "assets", "materials.blend")
-    mscene = new_scene_file(mats_path)
+    new_scene_file(mats_path)
     stone = write_png(os.path.join(out, "textures", "stone.png"), 8, 6,
                       checker((0.7, 0.7, 0.2), (0.2, 0.2, 0.7), n=2))
     img = load_image(stone, "Stone", os.path.abspath(stone))
     mat = emission_material("Stone", img)
     mat.use_fake_user = True  # keep it in the file without an object using it
-    del mscene
     save(mats_path)
 
     # lib/crate.blend: object "Crate" whose material is linked from materials.blend by
@@ -428,7 +427,7 @@ def case_kinds(out):
     # external cache sits in an absolute folder; sideways gravity so the fall shows
     # through the camera looking straight down.
     scene.gravity = (-200.0, 0.0, 0.0)
-    cloth_a = add_cloth(scene, "ClothA", (1.2, 0.8, 0.0), (0.9, 0.2, 0.2))
+    add_cloth(scene, "ClothA", (1.2, 0.8, 0.0), (0.9, 0.2, 0.2))
     cloth_b = add_cloth(scene, "ClothB", (1.2, -0.8, 0.0), (0.2, 0.9, 0.2))
     bake_point_caches(scene)
     ext_dir = os.path.join(out, "caches", "cloth_b")
@@ -442,7 +441,6 @@ def case_kinds(out):
     pc_b.use_external = True
     pc_b.name = prefix
     pc_b.filepath = ext_dir  # absolute on purpose
-    del cloth_a
 
     # Mesh cache (absolute): a PC2 file moving a small quad over frames 1-3.
     pc2 = os.path.join(out, "caches", "mover.pc2")

@@ -94,9 +94,13 @@ def _store(ref, new_path, problems):
     return True
 
 
-def _depth(ref):
-    # Parents first: reloading a library re-reads the libraries it links.
-    return ref.owner.count(os.sep) + 1 if ref.owner else 0
+def _lib_depth(lib):
+    """0 for a library the scene links, 1 for one that library links, ..."""
+    depth = 0
+    while lib.parent is not None:
+        lib = lib.parent
+        depth += 1
+    return depth
 
 
 def _remap_libraries(mapping, problems):
@@ -107,7 +111,8 @@ def _remap_libraries(mapping, problems):
     for _ in range(4 * n_libs + 4):
         deps.reset_caches()
         todo = None
-        for ref in sorted(deps.library_refs(), key=lambda r: (r.owner is not None, _depth(r))):
+        # Parents first: reloading a library re-reads the libraries it links.
+        for ref in sorted(deps.library_refs(), key=lambda r: _lib_depth(r.id_block)):
             if not ref.absolute_ref or ref.name in failed:
                 continue
             new = _lookup(ref, mapping)
