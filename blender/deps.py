@@ -28,6 +28,8 @@ JSON contract (version 1):
      "denoise": false,           # see denoise_needed(): true when a render of this scene
                                  # runs a denoiser (needs OpenImageDenoise/OptiX)
      "scene": "/abs/path/scene.blend",
+     "facts": {"frame_start": 1, "frame_end": 250, "frame_step": 1,
+               "width": 1920, "height": 1080, "file_format": "PNG"},
      "files": [ {
         "kind": "image|library|font|sound|movieclip|volume|cachefile|pointcache|fluid|
                  ocean|meshcache|sequence_strip|ies|script|other",
@@ -617,6 +619,16 @@ def report(scene=None):
         "denoise": denoise_needed(scene),
         "scene": os.path.abspath(bpy.data.filepath),
         "files": [r.to_json() for r in collect(scene)],
+        # What a submit needs besides the files, so one Blender start answers
+        # both: the frame range, the output size (percentage applied) and format.
+        "facts": {
+            "frame_start": scene.frame_start,
+            "frame_end": scene.frame_end,
+            "frame_step": scene.frame_step,
+            "width": scene.render.resolution_x * scene.render.resolution_percentage // 100,
+            "height": scene.render.resolution_y * scene.render.resolution_percentage // 100,
+            "file_format": scene.render.image_settings.file_format,
+        },
     }
 
 
