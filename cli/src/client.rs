@@ -103,53 +103,18 @@ pub struct SceneFacts {
     pub file_format: String,
 }
 
-/// Reads the scene's frame range, output size and format with Blender.
-pub async fn inspect_scene(blender: &Path, scene: &Path) -> Result<SceneFacts> {
-    let expr = "import bpy; s = bpy.context.scene; r = s.render; \
-        print('TESSERA_SCENE %d %d %d %d %d %s' % (s.frame_start, s.frame_end, s.frame_step, \
-        r.resolution_x * r.resolution_percentage // 100, r.resolution_y * r.resolution_percentage // 100, \
-        r.image_settings.file_format))";
-    let out = tokio::process::Command::new(blender)
-        .arg("-b")
-        .arg(scene)
-        .args(["--python-exit-code", "3", "--python-expr", expr])
-        .output()
-        .await
-        .with_context(|| {
-            format!(
-                "cannot run Blender (`{}`) to read the scene's frame range and size; install Blender (apt-get install blender) or pass --blender PATH",
-                blender.display()
-            )
-        })?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .find_map(|l| l.strip_prefix("TESSERA_SCENE "))
-        .ok_or_else(|| {
-            let tail: Vec<&str> = text.lines().rev().take(5).collect();
-            anyhow!(
-                "Blender could not read {}: {}",
-                scene.display(),
-                tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
-            )
-        })?;
-    let parts: Vec<&str> = line.split_whitespace().collect();
-    let n: Vec<u32> = parts
-        .iter()
-        .take(5)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    let (frames, width, height) = match n.as_slice() {
-        [a, b, 1, w, h] => (format!("{a}-{b}"), *w, *h),
-        [a, b, s, w, h] => (format!("{a}-{b}x{s}"), *w, *h),
-        _ => bail!("Blender printed unexpected scene facts `{line}`; pass --frames"),
-    };
-    Ok(SceneFacts {
-        frames,
-        width,
-        height,
-        file_format: parts.get(5).unwrap_or(&"").to_string(),
-    })
+impl From<&crate::fileset::Facts> for SceneFacts {
+    fn from(f: &crate::fileset::Facts) -> Self {
+        Self {
+            frames: match f.frame_step {
+                0 | 1 => format!("{}-{}", f.frame_start, f.frame_end),
+                s => format!("{}-{}x{s}", f.frame_start, f.frame_end),
+            },
+            width: f.width,
+            height: f.height,
+            file_format: f.file_format.clone(),
+        }
+    }
 }
 
 /// Validates the frame set here, for an early and clear error.

@@ -327,15 +327,33 @@ pub async fn blender_version(blender: &std::path::Path) -> Result<String> {
     Ok(tessera_worker::blender::blender_version(blender).await?)
 }
 
-/// The worker's Blender version line and what it can render, asked at once.
+/// The worker's Blender version line and what it can render, asked at once,
+/// and remembered while the Blender executable is unchanged.
 pub async fn blender_caps(blender: &std::path::Path) -> Result<(String, Vec<String>)> {
     let display =
         std::env::var_os("DISPLAY").is_some() || std::env::var_os("WAYLAND_DISPLAY").is_some();
+    let exe = fileset::which_blender(blender);
+    let key = format!("{}\0{:?}\0{display}", exe.display(), fileset::stamp(&exe));
+    let file = fileset::cache_dir().map(|d| d.join("blender-caps.json"));
+    let remembered: Option<(String, String, Vec<String>)> = file
+        .as_ref()
+        .and_then(|f| std::fs::read(f).ok())
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    if let Some((k, version, features)) = remembered {
+        if k == key {
+            return Ok((version, features));
+        }
+    }
     let (version, caps) = tokio::join!(
         blender_version(blender),
         tessera_worker::capabilities::probe(blender, display)
     );
-    Ok((version?, caps?.features))
+    let (version, features) = (version?, caps?.features);
+    if let Some(f) = file {
+        let _ = std::fs::create_dir_all(f.parent().unwrap_or(std::path::Path::new(".")));
+        let _ = serde_json::to_vec(&(key, &version, &features)).map(|b| std::fs::write(f, b));
+    }
+    Ok((version, features))
 }
 
 async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
@@ -478,22 +496,23 @@ pub async fn prepare(job: &JobArgs) -> Result<Prepared> {
     }
     let grid: tessera_coordinator::tiles::Grid =
         job.tiles.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
-    let facts = if job.frames.is_none() || grid.count() > 1 {
-        Some(client::inspect_scene(&job.blender, &job.scene).await?)
-    } else {
-        None
-    };
+    // One Blender start reads the scene's files and facts; an unchanged
+    // scene is not read again (see `fileset::trace_cached`).
+    let trace = fileset::trace_cached(&job.blender, &job.scene).await?;
+    let facts = trace.facts.as_ref().map(client::SceneFacts::from);
     let frames = match (&job.frames, &facts) {
         (Some(f), _) => f.clone(),
         (None, Some(facts)) => facts.frames.clone(),
-        (None, None) => unreachable!("facts are read when frames are missing"),
+        (None, None) => bail!("Blender did not report the scene's frame range; pass --frames"),
     };
+    if grid.count() > 1 && facts.is_none() {
+        bail!("Blender did not report the scene's resolution, which tiles need; submit without --tiles");
+    }
     client::check_frames(&frames)?;
     if let Some(f) = facts.as_ref().filter(|_| grid.count() > 1) {
         tessera_coordinator::tiles::split(f.width, f.height, grid, u32::MAX)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
-    let trace = fileset::trace(&job.blender, &job.scene).await?;
     let layout = fileset::layout(&job.scene, &trace)?;
     if !layout.missing.is_empty() && !job.allow_missing {
         bail!(
@@ -621,7 +640,7 @@ async fn deps(
     json: bool,
 ) -> Result<()> {
     client::check_scene(scene)?;
-    let trace = fileset::trace(blender, scene).await?;
+    let trace = fileset::trace_cached(blender, scene).await?;
     let layout = fileset::layout(scene, &trace)?;
     let mut cache = fileset::HashCache::load();
     let entries = fileset::hash_all(&layout, &mut cache, true).await?;

@@ -41,6 +41,129 @@ pub struct Trace {
     /// Every external file reference.
     #[serde(default)]
     pub files: Vec<TracedFile>,
+    /// The frame range, output size and format.
+    #[serde(default)]
+    pub facts: Option<Facts>,
+}
+
+/// What a submit reads from the scene besides its files.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct Facts {
+    /// First frame.
+    pub frame_start: i64,
+    /// Last frame.
+    pub frame_end: i64,
+    /// Frame step.
+    pub frame_step: i64,
+    /// Output width, resolution percentage applied.
+    pub width: u32,
+    /// Output height.
+    pub height: u32,
+    /// Blender's output format name (`PNG`, `OPEN_EXR`, ...).
+    pub file_format: String,
+}
+
+/// A trace remembered with what it depended on: the files it found (size
+/// and modification time), the files it missed, and the folders it scanned
+/// for patterns. It is reused only while all of that is unchanged.
+#[derive(Debug, Serialize, Deserialize)]
+struct CachedTrace {
+    trace: Trace,
+    checks: Vec<(PathBuf, Option<(u64, i128)>)>,
+}
+
+/// A file's size and modification time (0 size for a folder), if it exists.
+pub fn stamp(p: &Path) -> Option<(u64, i128)> {
+    let m = std::fs::metadata(p).ok()?;
+    Some((if m.is_dir() { 0 } else { m.len() }, mtime_ns(&m)))
+}
+
+/// `$XDG_CACHE_HOME/tessera` (or `~/.cache/tessera`).
+pub fn cache_dir() -> Option<PathBuf> {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .map(|d| d.join("tessera"))
+}
+
+/// [`trace`], remembered by the scene's content and path, the Blender used,
+/// and every file and folder the trace looked at: submitting an unchanged
+/// scene again starts no Blender.
+pub async fn trace_cached(blender: &Path, scene: &Path) -> Result<Trace> {
+    let scene_abs =
+        normalize(&std::path::absolute(scene).context("cannot resolve the scene's path")?);
+    let (digest, _) = tessera_worker::transfer::hash_file(&scene_abs)
+        .await
+        .with_context(|| format!("cannot read {}", scene.display()))?;
+    let which = which_blender(blender);
+    let key = blake3::hash(
+        format!(
+            "{digest}\0{}\0{}\0{:?}",
+            scene_abs.display(),
+            which.display(),
+            stamp(&which)
+        )
+        .as_bytes(),
+    )
+    .to_hex();
+    let path = cache_dir().map(|d| d.join("traces").join(format!("{key}.json")));
+    if let Some(cached) = path
+        .as_ref()
+        .and_then(|p| std::fs::read(p).ok())
+        .and_then(|b| serde_json::from_slice::<CachedTrace>(&b).ok())
+    {
+        if cached.checks.iter().all(|(p, s)| stamp(p) == *s) {
+            return Ok(cached.trace);
+        }
+    }
+    let trace = trace(blender, scene).await?;
+    if let Some(path) = path {
+        let mut checks = Vec::new();
+        for f in &trace.files {
+            for m in &f.members {
+                checks.push((PathBuf::from(m), stamp(Path::new(m))));
+            }
+            for m in &f.missing {
+                checks.push((PathBuf::from(m), None));
+            }
+            if f.pattern.is_some() {
+                let dir = Path::new(&f.abs);
+                let dir = if f.pattern.as_deref() == Some("directory") {
+                    dir
+                } else {
+                    dir.parent().unwrap_or(dir)
+                };
+                checks.push((dir.to_path_buf(), stamp(dir)));
+            }
+        }
+        let cached = CachedTrace {
+            trace: trace.clone(),
+            checks,
+        };
+        let write = || -> std::io::Result<()> {
+            std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, serde_json::to_vec(&cached)?)?;
+            std::fs::rename(&tmp, &path)
+        };
+        if let Err(e) = write() {
+            tracing::debug!("cannot remember the scene's trace: {e}");
+        }
+    }
+    Ok(trace)
+}
+
+/// The Blender executable `blender` names, found on $PATH when it is a bare name.
+pub fn which_blender(blender: &Path) -> PathBuf {
+    if blender.components().count() > 1 {
+        return blender.to_path_buf();
+    }
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(blender))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| blender.to_path_buf())
 }
 
 /// One external reference of a scene or of a library it links.
@@ -248,10 +371,7 @@ pub struct HashCache {
 impl HashCache {
     /// Loads the cache (an unreadable one is started afresh).
     pub fn load() -> Self {
-        let path = std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-            .map(|d| d.join("tessera").join("hashes.json"));
+        let path = cache_dir().map(|d| d.join("hashes.json"));
         let known = path
             .as_ref()
             .and_then(|p| std::fs::read(p).ok())
