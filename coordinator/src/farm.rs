@@ -21,7 +21,9 @@ use crate::frames::FrameSet;
 use crate::hardware::{Device, Gpu, Health, HealthLimits, Requirements, SlotCap};
 use crate::job::{Job, JobId, JobState};
 use crate::store::{MetaStore, Record};
-use crate::task::{Completion, FailOutcome, FailureScope, FrameOutput, LeaseId, Task, TaskState, TileTask};
+use crate::task::{
+    Completion, FailOutcome, FailureScope, FrameOutput, LeaseId, Task, TaskState, TileTask,
+};
 use crate::tiles::{self, Grid, Rect};
 use crate::worker::{WorkerId, WorkerRecord};
 
@@ -1588,7 +1590,9 @@ mod tests {
         let b = worker(&f.farm, "b");
         let l = f.farm.try_lease(&a, &HashSet::new()).unwrap().unwrap();
         assert_eq!(
-            f.farm.fail(l.lease, "Error: boom", "log", FailureScope::Transient).unwrap(),
+            f.farm
+                .fail(l.lease, "Error: boom", "log", FailureScope::Transient)
+                .unwrap(),
             FailOutcome::Retry
         );
         // Worker a gets the other task, not the one it failed.
@@ -1599,7 +1603,12 @@ mod tests {
         assert_eq!(retry.attempt, 2);
         assert_eq!(
             f.farm
-                .fail(retry.lease, "Error: boom", "the tail", FailureScope::Transient)
+                .fail(
+                    retry.lease,
+                    "Error: boom",
+                    "the tail",
+                    FailureScope::Transient
+                )
                 .unwrap(),
             FailOutcome::Failed
         );
@@ -1824,7 +1833,9 @@ mod tests {
         while failed < 3 {
             let a = f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
             if a.lease.job == job {
-                f.farm.fail(a.lease, "Error: boom", "", FailureScope::Transient).unwrap();
+                f.farm
+                    .fail(a.lease, "Error: boom", "", FailureScope::Transient)
+                    .unwrap();
                 failed += 1;
             } else {
                 f.farm.complete(a.lease, vec![output(&f, 1)]).unwrap();
