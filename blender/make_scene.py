@@ -17,6 +17,9 @@ Options (after `--`):
     --heavy-tex N                         (heavy only: packed noise texture N x N, default 4096)
     --missing-texture PATH                (any kind: the sphere's base colour comes from an image
                                            texture at PATH, absolute, not packed, meant not to exist)
+    --external-texture PATH               (the same, for a file that may exist: a path outside the job)
+    --file-output DIR                     (any kind: a compositor File Output node writing the image
+                                           and the alpha, slots "Image" and "aov/alpha_", to DIR)
 
 Every scene: Cycles on the CPU, denoising off everywhere, dither 0, a camera,
 a sun light, a world colour and a few objects with Principled BSDF materials.
@@ -54,7 +57,9 @@ def parse_args():
     p.add_argument("--fail-mode", default=DEFAULT_FAIL_MODE, choices=FAIL_MODES)
     p.add_argument("--heavy-grid", type=int, default=1000)
     p.add_argument("--heavy-tex", type=int, default=4096)
-    p.add_argument("--missing-texture", default=None, metavar="PATH")
+    p.add_argument("--missing-texture", "--external-texture", dest="missing_texture",
+                   default=None, metavar="PATH")
+    p.add_argument("--file-output", default=None, metavar="DIR")
     return p.parse_args(argv)
 
 
@@ -313,6 +318,30 @@ def add_missing_texture(objs, path):
     return img
 
 
+# ---------------------------------------------------------------- file output
+
+def add_file_output(scene, base):
+    """A compositor File Output node writing the render and its alpha to `base`
+    (made absolute), as an artist's scene might: Blender writes
+    base/Image0001.png and base/aov/alpha_0001.png next to the frame."""
+    scene.use_nodes = True
+    scene.render.use_compositing = True
+    nt = scene.node_tree
+    rl = nt.nodes.get("Render Layers") or nt.nodes.new("CompositorNodeRLayers")
+    comp = nt.nodes.get("Composite") or nt.nodes.new("CompositorNodeComposite")
+    if not comp.inputs["Image"].is_linked:
+        nt.links.new(rl.outputs["Image"], comp.inputs["Image"])
+    fo = nt.nodes.new("CompositorNodeOutputFile")
+    fo.name = "File Output"
+    fo.base_path = os.path.abspath(base) + os.sep
+    fo.format.file_format = "PNG"
+    fo.format.color_mode = "RGBA"
+    fo.file_slots.new("aov/alpha_")
+    nt.links.new(rl.outputs["Image"], fo.inputs[0])
+    nt.links.new(rl.outputs["Alpha"], fo.inputs[1])
+    return fo
+
+
 # ---------------------------------------------------------------- failing scenes
 
 def add_failure(scene, mode, objs):
@@ -385,6 +414,8 @@ def main():
         add_failure(scene, args.fail_mode, objs)
     if args.missing_texture:
         add_missing_texture(objs, args.missing_texture)
+    if args.file_output:
+        add_file_output(scene, args.file_output)
     scene.frame_set(1)
     out = os.path.abspath(args.out)
     os.makedirs(os.path.dirname(out), exist_ok=True)
