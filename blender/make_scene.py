@@ -17,7 +17,8 @@ Options (after `--`):
     --heavy-tex N                         (heavy only: packed noise texture N x N, default 4096)
     --missing-texture PATH                (any kind: the sphere's base colour comes from an image
                                            texture at PATH, absolute, not packed, meant not to exist)
-    --external-texture PATH               (the same, for a file that may exist: a path outside the job)
+    --external-texture PATH               (the same, but the path is saved absolute, not //-relative:
+                                           a file outside the job that may well exist)
     --file-output DIR                     (any kind: a compositor File Output node writing the image
                                            and the alpha, slots "Image" and "aov/alpha_", to DIR)
 
@@ -57,8 +58,8 @@ def parse_args():
     p.add_argument("--fail-mode", default=DEFAULT_FAIL_MODE, choices=FAIL_MODES)
     p.add_argument("--heavy-grid", type=int, default=1000)
     p.add_argument("--heavy-tex", type=int, default=4096)
-    p.add_argument("--missing-texture", "--external-texture", dest="missing_texture",
-                   default=None, metavar="PATH")
+    p.add_argument("--missing-texture", default=None, metavar="PATH")
+    p.add_argument("--external-texture", default=None, metavar="PATH")
     p.add_argument("--file-output", default=None, metavar="DIR")
     return p.parse_args(argv)
 
@@ -412,14 +413,16 @@ def main():
         add_heavy(scene, args.heavy_grid, args.heavy_tex)
     elif args.kind == "fail-driver":
         add_failure(scene, args.fail_mode, objs)
-    if args.missing_texture:
-        add_missing_texture(objs, args.missing_texture)
+    if args.missing_texture or args.external_texture:
+        add_missing_texture(objs, args.missing_texture or args.external_texture)
     if args.file_output:
         add_file_output(scene, args.file_output)
     scene.frame_set(1)
     out = os.path.abspath(args.out)
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    bpy.ops.wm.save_as_mainfile(filepath=out, compress=False)
+    # Paths are saved //-relative, except an --external-texture's, kept absolute.
+    bpy.ops.wm.save_as_mainfile(filepath=out, compress=False,
+                                relative_remap=not args.external_texture)
     print("make_scene: wrote %s (kind=%s%s)" % (
         out, args.kind, (", fail-mode=" + args.fail_mode) if args.kind == "fail-driver" else ""))
 
