@@ -136,7 +136,9 @@ fn a_killed_workers_task_runs_on_another_worker() {
 #[test]
 fn a_coordinator_killed_mid_job_recovers_it_on_restart() {
     let dir = scratch();
-    let scene = scene(&["--kind", "anim", "--frames", "8"]);
+    // Enough samples that the kill lands mid-job: warm sessions render the
+    // default 8 samples faster than `status` can be polled.
+    let scene = scene(&["--kind", "anim", "--frames", "8", "--samples", "64"]);
     let data = dir.path().join("data");
     let mut coord = Coordinator::start(&data, "127.0.0.1:0", &["--lease-ttl", "3"]);
     let addr = coord.addr.clone();
