@@ -351,3 +351,66 @@ fn a_result_refused_for_good_is_reported_as_a_failure_everywhere() {
         );
     });
 }
+
+/// Runs `blender/session.py` on `scene` with its answers on stderr, sends
+/// `commands` and returns the answers (progress events left out).
+fn session_answers(scene: &Path, commands: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    use std::io::Write;
+    let mut child = std::process::Command::new(blender())
+        .args(["-b", "--factory-startup", "--disable-autoexec"])
+        .arg(scene)
+        .args(["--python-exit-code", "3", "--python"])
+        .arg(root().join("blender/session.py"))
+        .args(["--", "--reply-fd", "2"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    for c in commands {
+        writeln!(stdin, "{c}").unwrap();
+    }
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.starts_with("{\"event\""))
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["event"] != "progress")
+        .collect()
+}
+
+#[test]
+fn after_a_denoiser_failure_blender_fakes_a_frame_that_shows_no_samples() {
+    // What a reused failed session does on Debian's Blender, and what gives
+    // it away: the second render "succeeds" with no Cycles sample at all.
+    let dir = scratch();
+    let render = |id: u32, sub: &str| {
+        serde_json::json!({"cmd": "render", "id": id, "frame": 1,
+            "output_dir": dir.path().join(sub), "threads": 1, "tile": null})
+    };
+    let answers = session_answers(&denoise_scene(), &[render(1, "a"), render(2, "b")]);
+    assert_eq!(answers[0]["event"], "ready", "{answers:?}");
+    assert_eq!(answers[1]["event"], "error", "{answers:?}");
+    assert!(answers[1]["error"]
+        .as_str()
+        .unwrap()
+        .contains("Build without OpenImageDenoiser"));
+    assert_eq!(
+        answers[2]["event"], "done",
+        "the bogus success: {answers:?}"
+    );
+    assert_eq!(answers[2]["counted"], true);
+    assert!(answers[2]["samples_done"].is_null(), "{answers:?}");
+    // A real render reports its samples, and the size the scene renders.
+    let still = scene(&["--kind", "still", "--frames", "1", "--percent", "50"]);
+    let answers = session_answers(&still, &[render(1, "c")]);
+    assert_eq!(answers[1]["event"], "done", "{answers:?}");
+    assert_eq!(answers[1]["samples_done"], 8, "{answers:?}");
+    assert_eq!(answers[1]["expected"], serde_json::json!([32, 24]));
+    assert_eq!(
+        (answers[1]["width"].as_u64(), answers[1]["height"].as_u64()),
+        (Some(32), Some(24))
+    );
+}
