@@ -17,6 +17,10 @@ Options (after `--`):
     --heavy-tex N                         (heavy only: packed noise texture N x N, default 4096)
     --missing-texture PATH                (any kind: the sphere's base colour comes from an image
                                            texture at PATH, absolute, not packed, meant not to exist)
+    --external-texture PATH               (the same, but the path is saved absolute, not //-relative:
+                                           a file outside the job that may well exist)
+    --file-output DIR                     (any kind: a compositor File Output node writing the image
+                                           and the alpha, slots "Image" and "aov/alpha_", to DIR)
 
 Every scene: Cycles on the CPU, denoising off everywhere, dither 0, a camera,
 a sun light, a world colour and a few objects with Principled BSDF materials.
@@ -55,6 +59,8 @@ def parse_args():
     p.add_argument("--heavy-grid", type=int, default=1000)
     p.add_argument("--heavy-tex", type=int, default=4096)
     p.add_argument("--missing-texture", default=None, metavar="PATH")
+    p.add_argument("--external-texture", default=None, metavar="PATH")
+    p.add_argument("--file-output", default=None, metavar="DIR")
     return p.parse_args(argv)
 
 
@@ -313,6 +319,30 @@ def add_missing_texture(objs, path):
     return img
 
 
+# ---------------------------------------------------------------- file output
+
+def add_file_output(scene, base):
+    """A compositor File Output node writing the render and its alpha to `base`
+    (made absolute), as an artist's scene might: Blender writes
+    base/Image0001.png and base/aov/alpha_0001.png next to the frame."""
+    scene.use_nodes = True
+    scene.render.use_compositing = True
+    nt = scene.node_tree
+    rl = nt.nodes.get("Render Layers") or nt.nodes.new("CompositorNodeRLayers")
+    comp = nt.nodes.get("Composite") or nt.nodes.new("CompositorNodeComposite")
+    if not comp.inputs["Image"].is_linked:
+        nt.links.new(rl.outputs["Image"], comp.inputs["Image"])
+    fo = nt.nodes.new("CompositorNodeOutputFile")
+    fo.name = "File Output"
+    fo.base_path = os.path.abspath(base) + os.sep
+    fo.format.file_format = "PNG"
+    fo.format.color_mode = "RGBA"
+    fo.file_slots.new("aov/alpha_")
+    nt.links.new(rl.outputs["Image"], fo.inputs[0])
+    nt.links.new(rl.outputs["Alpha"], fo.inputs[1])
+    return fo
+
+
 # ---------------------------------------------------------------- failing scenes
 
 def add_failure(scene, mode, objs):
@@ -383,12 +413,16 @@ def main():
         add_heavy(scene, args.heavy_grid, args.heavy_tex)
     elif args.kind == "fail-driver":
         add_failure(scene, args.fail_mode, objs)
-    if args.missing_texture:
-        add_missing_texture(objs, args.missing_texture)
+    if args.missing_texture or args.external_texture:
+        add_missing_texture(objs, args.missing_texture or args.external_texture)
+    if args.file_output:
+        add_file_output(scene, args.file_output)
     scene.frame_set(1)
     out = os.path.abspath(args.out)
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    bpy.ops.wm.save_as_mainfile(filepath=out, compress=False)
+    # Paths are saved //-relative, except an --external-texture's, kept absolute.
+    bpy.ops.wm.save_as_mainfile(filepath=out, compress=False,
+                                relative_remap=not args.external_texture)
     print("make_scene: wrote %s (kind=%s%s)" % (
         out, args.kind, (", fail-mode=" + args.fail_mode) if args.kind == "fail-driver" else ""))
 

@@ -47,7 +47,11 @@ def parse_args():
                    help="CPU, CUDA or OPTIX: the worker pins the process to one GPU with "
                         "CUDA_VISIBLE_DEVICES; this enables exactly that device type")
     p.add_argument("--no-progress", action="store_true",
-                   help="do not tee stdout to parse 'Sample N/M' (no progress events)")
+                   help="do not tee stdout to parse 'Sample N/M' (no progress events, and no "
+                        "sample count to prove that a render really ran)")
+    p.add_argument("--fail-first-render", action="store_true",
+                   help="TESTS ONLY: the first render fails as a crashing GPU driver would, and "
+                        "so does every later render in this process")
     # Options meant for Blender's own add-ons (e.g. Cycles' --cycles-device)
     # share the arguments after `--`: leave them alone.
     args, _ = p.parse_known_args(argv)
@@ -90,8 +94,12 @@ class StdoutTee:
         self.current_id = None  # set while a render command runs
         self.last_emit = 0.0
         self.seen = None        # last (done, total) parsed for this command
+        self.most = None        # highest (done, total) parsed for this command
         self.pending = None     # parsed but held back by the rate limit
         self.tail = b""
+        self.sync_token = None  # written to fd 1 by sync(); the thread sets `synced` on it
+        self.sync_count = 0
+        self.synced = threading.Event()
         sys.stdout.flush()
         self.real_stdout = os.dup(1)
         r, w = os.pipe()
@@ -111,13 +119,37 @@ class StdoutTee:
             self.current_id = cmd_id
             self.last_emit = 0.0
             self.seen = None
+            self.most = None
             self.pending = None
             self.tail = b""
 
     def end_command(self):
+        """Ends the command; returns the highest (done, total) samples Cycles
+        printed for it, or None when it printed none."""
+        self.sync()
         with self.lock:
             self.current_id = None
             self.pending = None
+            return self.most
+
+    def sync(self, timeout=5.0):
+        """Wait until the thread has scanned everything written to fd 1 so far:
+        flush C's and Python's buffers, write a marker line and wait for it."""
+        try:
+            sys.stdout.flush()
+        except Exception:
+            pass
+        _flush_c_stdio()
+        with self.lock:
+            self.sync_count += 1
+            self.sync_token = b"\x1btessera-sync %d\n" % self.sync_count
+            self.synced.clear()
+            token = self.sync_token
+        try:
+            os.write(1, token)
+        except OSError:
+            return
+        self.synced.wait(timeout)
 
     def _run(self):
         while True:
@@ -137,6 +169,11 @@ class StdoutTee:
                 break
             if not chunk:
                 break
+            with self.lock:
+                token = self.sync_token
+            found_token = token is not None and token in (self.tail + chunk)
+            if found_token and token in chunk:
+                chunk = chunk.replace(token, b"")  # the marker is not Blender's output
             try:
                 view = memoryview(chunk)
                 while view:
@@ -149,6 +186,10 @@ class StdoutTee:
                 self._emit_pending()
             except Exception:
                 pass
+            if found_token:
+                with self.lock:
+                    self.sync_token = None
+                self.synced.set()
 
     def _scan(self, chunk):
         with self.lock:
@@ -163,6 +204,8 @@ class StdoutTee:
             if not matches:
                 return
             value = tuple(int(x) for x in matches[-1])
+            if value[0] <= value[1] and (self.most is None or value[0] >= self.most[0]):
+                self.most = value
             if value != self.seen and value[0] <= value[1]:
                 self.seen = value
                 self.pending = value
@@ -191,23 +234,46 @@ class StdoutTee:
         self.thread.join(timeout=5.0)
 
 
-# ---------------------------------------------------------------- missing files
+_LIBC = None
+
+
+def _flush_c_stdio():
+    """Flush C's stdout buffer (Blender prints with printf)."""
+    global _LIBC
+    try:
+        if _LIBC is None:
+            import ctypes
+            _LIBC = ctypes.CDLL(None)
+        _LIBC.fflush(None)
+    except Exception:
+        pass
+
+
+# ---------------------------------------------------------------- files outside the job
 
 def _abs(path, library=None):
     return os.path.normpath(bpy.path.abspath(path, library=library))
 
 
-def missing_files():
-    missing = []
+def outside_files():
+    """Every external file the scene would read from this machine's disk.
+
+    The job is the .blend alone (packed data inside it), so any file it refers
+    to that is not packed lies outside the job: images (FILE / SEQUENCE / TILED,
+    UDIM tiles expanded), linked libraries and everything else
+    `bpy.utils.blend_paths(absolute=True)` lists. Returns absolute, deduplicated
+    paths, each with whether it exists here.
+    """
+    found = []
     seen = set()
 
     def add(path):
         if not path:
             return
         p = os.path.normpath(path)
-        if p not in seen and not os.path.exists(p):
+        if p not in seen:
             seen.add(p)
-            missing.append(p)
+            found.append({"path": p, "missing": not os.path.exists(p)})
 
     for img in bpy.data.images:
         if img.source not in {"FILE", "SEQUENCE", "TILED"}:
@@ -233,7 +299,92 @@ def missing_files():
         if "<UDIM>" in path or "<UVTILE>" in path:
             continue  # tiled images were expanded above
         add(path)
-    return missing
+    return found
+
+
+def newer_file():
+    """The version that saved the scene when it is newer than this Blender, else None."""
+    saved = tuple(bpy.data.version)
+    if saved[:2] > tuple(bpy.app.version)[:2]:
+        return "%d.%d.%d" % saved
+    return None
+
+
+# ---------------------------------------------------------------- outputs
+
+def _safe_name(name):
+    """A folder name made from a node's name: no separators, no dot-names."""
+    out = "".join(c if (c.isalnum() or c in " ._-") else "_" for c in name).strip(" .")
+    return out[:64] or "output"
+
+
+def _safe_slot_path(path):
+    """A File Output slot's path made relative and kept inside its node's folder."""
+    parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]
+    if ".." in parts:
+        parts = [p for p in parts if p != ".."][-1:]
+    return "/".join(parts) or "Image"
+
+
+def file_output_nodes():
+    """(owner, node) for every compositor File Output node: the scenes' trees and
+    the node groups they use."""
+    found = []
+    seen = set()
+
+    def walk(tree, owner):
+        if tree is None or tree.as_pointer() in seen:
+            return
+        seen.add(tree.as_pointer())
+        for node in tree.nodes:
+            if node.bl_idname == "CompositorNodeOutputFile":
+                found.append((owner, node))
+            elif getattr(node, "node_tree", None) is not None:
+                walk(node.node_tree, owner + "_" + node.node_tree.name)
+
+    for scene in bpy.data.scenes:
+        if scene.node_tree is not None:
+            walk(scene.node_tree, scene.name)
+    return found
+
+
+class OutputMap:
+    """Points every File Output node into the task's folder: `passes/<node>/`.
+
+    Folder names are fixed per node for the whole session, so a pass has the
+    same name in every task; the original path is logged once.
+    """
+
+    def __init__(self, scene):
+        self.names = {}
+        used = set()
+        for owner, node in file_output_nodes():
+            base = _safe_name(node.name if owner == scene.name else owner + "_" + node.name)
+            name, n = base, 2
+            while name.lower() in used:
+                name, n = "%s_%d" % (base, n), n + 1
+            used.add(name.lower())
+            self.names[node.as_pointer()] = (node, name)
+            print("tessera: File Output node %r (%s) writes into the task folder, "
+                  "passes/%s/, instead of %r" % (node.name, owner, name, node.base_path),
+                  flush=True)
+            for slot in node.file_slots:
+                safe = _safe_slot_path(slot.path)
+                if safe != slot.path:
+                    slot.path = safe
+
+    def point_into(self, passes_dir):
+        for node, name in self.names.values():
+            node.base_path = os.path.join(passes_dir, name) + os.sep
+
+
+def list_files(root):
+    """Relative paths of the files under root."""
+    found = set()
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            found.add(os.path.relpath(os.path.join(dirpath, f), root))
+    return found
 
 
 # ---------------------------------------------------------------- image size
@@ -281,13 +432,15 @@ class CommandError(Exception):
 
 
 class Session:
-    def __init__(self, replier, tee):
+    def __init__(self, replier, tee, fail_renders=False):
         self.replier = replier
         self.tee = tee
         self.scene = bpy.context.scene
         r = self.scene.render
         self.orig_threads = (r.threads_mode, r.threads)
         r.use_persistent_data = True
+        self.outputs = OutputMap(self.scene)
+        self.fail_renders = fail_renders
 
     def render(self, cmd):
         cmd_id = cmd.get("id")
@@ -334,6 +487,11 @@ class Session:
             r.use_crop_to_border = True
             r.border_min_x, r.border_max_x, r.border_min_y, r.border_max_y = border
 
+        expected = [r.resolution_x * r.resolution_percentage // 100,
+                    r.resolution_y * r.resolution_percentage // 100]
+        if tile is not None:
+            expected = size
+
         # Output path: frame_path expands '#' and adds the extension; write_still
         # writes render.filepath literally.
         try:
@@ -348,19 +506,30 @@ class Session:
                 os.remove(path)  # never report a stale file as this render's output
             except OSError as e:
                 raise CommandError("render: cannot replace %s: %s" % (path, e.strerror or e))
+        # Every other output of the scene (compositor File Output nodes) goes
+        # into the task's folder too.
+        passes_dir = os.path.join(out_dir, "passes")
+        self.outputs.point_into(passes_dir)
+        before = list_files(passes_dir)
 
         t0 = time.monotonic()
         scene.frame_set(frame)
         if self.tee is not None:
             self.tee.start_command(cmd_id)
+        samples = None
         try:
+            if self.fail_renders:
+                msg = ("Error: CUDA error: Launch failed in cuCtxSynchronize() "
+                       "(simulated by the worker's --fail-first-render, for tests)")
+                print(msg, flush=True)
+                raise CommandError("render failed: " + msg)
             result = bpy.ops.render.render(write_still=True)
         except RuntimeError as e:
             msg = " ".join(str(e).split())
             raise CommandError("render failed: %s" % msg)
         finally:
             if self.tee is not None:
-                self.tee.end_command()
+                samples = self.tee.end_command()
         seconds = time.monotonic() - t0
         if "FINISHED" not in result:
             raise CommandError("render failed: operator returned %s" % ",".join(sorted(result)))
@@ -374,10 +543,14 @@ class Session:
             w, h = image_size(path)
         except Exception as e:
             raise CommandError("cannot read the size of %s: %s" % (path, e))
-        if tile is not None and [w, h] != size:
-            raise CommandError("tile is %dx%d but %dx%d was asked for" % (w, h, size[0], size[1]))
+        passes = [{"name": name, "path": os.path.join(passes_dir, name)}
+                  for name in sorted(list_files(passes_dir) - before)]
         return {"event": "done", "id": cmd_id, "path": path, "width": w, "height": h,
-                "seconds": round(seconds, 4)}
+                "expected": expected, "engine": r.engine,
+                "samples_done": None if samples is None else samples[0],
+                "samples_total": None if samples is None else samples[1],
+                "counted": self.tee is not None,
+                "passes": passes, "seconds": round(seconds, 4)}
 
     def serve(self, stdin):
         while True:
@@ -445,9 +618,12 @@ def main():
     replier = Replier(args.reply_fd)
     tee = None if args.no_progress else StdoutTee(replier)
     try:
-        session = Session(replier, tee)
+        session = Session(replier, tee, fail_renders=args.fail_first_render)
+        skipped = bpy.app.autoexec_fail_message if bpy.app.autoexec_fail else None
         replier.send({"event": "ready", "pid": os.getpid(), "blender": bpy.app.version_string,
-                      "missing": missing_files()})
+                      "outside": outside_files(), "newer": newer_file(),
+                      "scripts_skipped": skipped or None,
+                      "engine": session.scene.render.engine})
         session.serve(sys.stdin)
     finally:
         if tee is not None:

@@ -174,7 +174,12 @@ fn frames_done(job: &pb::JobView) -> u64 {
         .filter(|t| t.state == pb::TaskState::Leased as i32)
         .map(|t| t.frames_done)
         .sum();
-    job.outputs.len() as u64 + u64::from(running)
+    frame_count(job) as u64 + u64::from(running)
+}
+
+/// Rendered frames of a job (its extra outputs, passes, left out).
+pub fn frame_count(job: &pb::JobView) -> usize {
+    job.outputs.iter().filter(|o| o.pass.is_empty()).count()
 }
 
 /// Waits for a job to end, drawing a progress bar. Tolerates the coordinator
@@ -252,25 +257,61 @@ pub fn frame_file(frame: u32, ext: &str) -> String {
     format!("frame_{frame:04}.{ext}")
 }
 
-/// Downloads every rendered frame of `job` into `dir`; returns the paths.
-pub async fn fetch(client: &mut Client, job: &pb::JobView, dir: &Path) -> Result<Vec<PathBuf>> {
+/// Tells how many extra outputs were written, and where.
+pub fn say_passes(passes: &[PathBuf], dir: &Path) {
+    if !passes.is_empty() {
+        eprintln!(
+            "{} extra output(s) (File Output passes) written to {}",
+            passes.len(),
+            dir.join("passes").display()
+        );
+    }
+}
+
+/// Downloads every rendered frame of `job` into `dir`, and every extra output
+/// (a File Output node's pass) under `dir/passes/`; returns the frames' paths
+/// and the passes' paths.
+pub async fn fetch(
+    client: &mut Client,
+    job: &pb::JobView,
+    dir: &Path,
+) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let mut paths = Vec::with_capacity(job.outputs.len());
+    let mut frames = Vec::with_capacity(job.outputs.len());
+    let mut passes = Vec::new();
     for out in &job.outputs {
         let ext = if !out.ext.is_empty() && out.ext.bytes().all(|b| b.is_ascii_alphanumeric()) {
             out.ext.as_str()
         } else {
             "bin"
         };
-        let path = dir.join(frame_file(out.frame, ext));
+        let path = if out.pass.is_empty() {
+            dir.join(frame_file(out.frame, ext))
+        } else {
+            // The name comes from the scene: checked before it names a file.
+            let path = tessera_worker::passes::destination(dir, &out.pass)
+                .map_err(|e| anyhow!("the coordinator sent a bad extra output: {e}"))?;
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)
+                    .with_context(|| format!("cannot create {}", parent.display()))?;
+            }
+            path
+        };
         transfer::download_file(&mut client.blobs, &out.digest, &path)
             .await
             .map_err(|e| match e {
                 tessera_worker::Error::Rpc(s) => client.explain(s),
                 other => anyhow!(other),
             })
-            .with_context(|| format!("cannot download frame {}", out.frame))?;
-        paths.push(path);
+            .with_context(|| match out.pass.as_str() {
+                "" => format!("cannot download frame {}", out.frame),
+                p => format!("cannot download {p} of frame {}", out.frame),
+            })?;
+        if out.pass.is_empty() {
+            frames.push(path);
+        } else {
+            passes.push(path);
+        }
     }
-    Ok(paths)
+    Ok((frames, passes))
 }

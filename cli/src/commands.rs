@@ -143,13 +143,14 @@ pub async fn run(cli: Cli) -> Result<()> {
                     "job {job} has no rendered frames yet; wait for it with `tessera watch {job}`"
                 );
             }
-            let paths = client::fetch(&mut c, &j, &output).await?;
-            eprintln!("{} frame(s) written to {}", paths.len(), output.display());
-            if j.outputs.len() < j.frames_total as usize {
+            let (frames, passes) = client::fetch(&mut c, &j, &output).await?;
+            eprintln!("{} frame(s) written to {}", frames.len(), output.display());
+            client::say_passes(&passes, &output);
+            if client::frame_count(&j) < j.frames_total as usize {
                 eprintln!(
                     "job {job} is {}: {} of {} frames so far",
                     show::job_json(&j)["state"],
-                    j.outputs.len(),
+                    client::frame_count(&j),
                     j.frames_total
                 );
             }
@@ -356,7 +357,35 @@ pub async fn blender_caps(blender: &std::path::Path) -> Result<(String, Vec<Stri
     Ok((version, features))
 }
 
+/// Reads a worker token from `path` (`-`: standard input).
+fn read_token_file(path: &std::path::Path) -> Result<String> {
+    let text = if path == std::path::Path::new("-") {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+            .context("cannot read the token from standard input")?;
+        s
+    } else {
+        std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the token file {}", path.display()))?
+    };
+    let token = text.trim().to_string();
+    if token.is_empty() {
+        bail!(
+            "the token file {} is empty; put a worker token in it (`tessera users add NAME --role worker` prints one)",
+            path.display()
+        );
+    }
+    Ok(token)
+}
+
 async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
+    let mut url = url.clone();
+    if let Some(path) = &args.token_file {
+        url.token = Some(read_token_file(path)?);
+    } else if std::env::args().any(|a| a == "--token" || a.starts_with("--token=")) {
+        tracing::warn!("the token is on the command line, where any process on this machine can read it (/proc/PID/cmdline); use --token-file");
+    }
+    let url = &url;
     let (version, features) = blender_caps(&args.blender).await?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     let choice =
@@ -421,6 +450,7 @@ async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
         hardware,
         tags: args.tag.clone(),
         grace: grace(args.grace)?,
+        fail_first_render: args.fail_first_render,
     };
     tracing::info!(blender = %version, slots, "worker starting");
     let mode = render_mode(args.fresh_process, args.session_idle)?;
@@ -664,8 +694,9 @@ async fn submit(url: &Access, args: SubmitArgs) -> Result<()> {
     if args.wait || args.output.is_some() {
         let job = client::wait(&mut c, id).await?;
         if let Some(dir) = args.output {
-            let paths = client::fetch(&mut c, &job, &dir).await?;
-            eprintln!("{} frame(s) written to {}", paths.len(), dir.display());
+            let (frames, passes) = client::fetch(&mut c, &job, &dir).await?;
+            eprintln!("{} frame(s) written to {}", frames.len(), dir.display());
+            client::say_passes(&passes, &dir);
         }
     }
     Ok(())

@@ -95,6 +95,7 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         hardware: Default::default(),
         tags: Vec::new(),
         grace: std::time::Duration::ZERO,
+        fail_first_render: false,
     };
     let mode = crate::commands::render_mode(args.fresh_process, 60.0)?;
     let worker = tokio::spawn(tessera_worker::agent::run_blender(
@@ -110,20 +111,21 @@ pub async fn render(args: RenderArgs) -> Result<()> {
             j = client::wait(&mut c, id) => j?,
             _ = crate::commands::shutdown_signal() => anyhow::bail!("interrupted"),
         };
-        let paths = client::fetch(&mut c, &job, &args.output).await?;
-        Ok::<_, anyhow::Error>(paths)
+        let fetched = client::fetch(&mut c, &job, &args.output).await?;
+        Ok::<_, anyhow::Error>(fetched)
     }
     .await;
     let _ = stop_tx.send(true);
     settle(worker).await;
     settle(server).await;
-    let paths = result?;
+    let (paths, passes) = result?;
     eprintln!(
         "{} frame(s) written to {}",
         paths.len(),
         args.output.display()
     );
-    for p in &paths {
+    client::say_passes(&passes, &args.output);
+    for p in paths.iter().chain(&passes) {
         println!("{}", p.display());
     }
     Ok(())

@@ -243,6 +243,14 @@ struct WorkerArgs {
     /// Close a warm Blender session after this many seconds without work.
     #[arg(long, default_value_t = 60.0)]
     session_idle: f64,
+    /// Read the worker token from this file (`-`: standard input) instead of --token or
+    /// $TESSERA_TOKEN, so it is on no command line and in no environment Blender could read.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+    /// TEST ONLY: the first Blender session of each slot fails its renders as a crashing GPU
+    /// driver would, so tests can check that a failed session is never used again.
+    #[arg(long, hide = true)]
+    fail_first_render: bool,
 }
 
 /// What a job asks for; shared by `submit` and `render`.

@@ -44,7 +44,7 @@ pub fn job_json(j: &pb::JobView) -> Value {
         "state": job_state(j.state),
         "frames": j.frames,
         "frames_total": j.frames_total,
-        "frames_done": j.outputs.len(),
+        "frames_done": crate::client::frame_count(j),
         "chunk": j.chunk,
         "tiles": j.tiles,
         "overscan": j.overscan,
@@ -65,7 +65,7 @@ pub fn job_json(j: &pb::JobView) -> Value {
         "tags": j.tags,
         "created_ms": j.created_ms,
         "finished_ms": if j.finished_ms == 0 { Value::Null } else { json!(j.finished_ms) },
-        "outputs": j.outputs.iter().map(|o| json!({"frame": o.frame, "digest": o.digest, "ext": o.ext, "size": o.size})).collect::<Vec<_>>(),
+        "outputs": j.outputs.iter().map(|o| json!({"frame": o.frame, "digest": o.digest, "ext": o.ext, "size": o.size, "pass": o.pass})).collect::<Vec<_>>(),
         "samples": crate::client::samples(j).trim_start_matches(", ").to_string(),
         "tasks": j.tasks.iter().map(|t| json!({
             "index": t.index,
@@ -152,7 +152,7 @@ pub fn jobs(jobs: &[pb::JobView]) {
             vec![
                 j.id.to_string(),
                 job_state(j.state),
-                format!("{}/{}", j.outputs.len(), j.frames_total),
+                format!("{}/{}", crate::client::frame_count(j), j.frames_total),
                 j.frames.clone(),
                 j.priority.to_string(),
                 j.scene_name.clone(),
@@ -185,7 +185,7 @@ pub fn job(j: &pb::JobView) {
     println!(
         "  frames    {}  ({} done of {})",
         j.frames,
-        j.outputs.len(),
+        crate::client::frame_count(j),
         j.frames_total
     );
     println!(

@@ -140,7 +140,10 @@ pub fn render(farm: &Farm) -> String {
         "counter",
         "Frames rendered (stitched, for tiled jobs) and stored.",
     );
-    let frames: usize = jobs.iter().map(|j| j.outputs().len()).sum();
+    let frames: usize = jobs
+        .iter()
+        .map(|j| j.outputs().iter().filter(|o| o.pass.is_empty()).count())
+        .sum();
     o.sample("tessera_frames_rendered_total", &[], frames as f64);
 
     o.family("tessera_workers", "gauge", "Workers by state.");

@@ -119,6 +119,19 @@ pub enum Completion {
     Duplicate,
 }
 
+/// Whether an extra output's name may become a file name under a folder:
+/// relative, at most 255 bytes and 8 parts, no empty, `.` or `..` part.
+fn pass_name_ok(name: &str) -> bool {
+    let parts: Vec<&str> = name.split('/').collect();
+    !name.is_empty()
+        && name.len() <= 255
+        && parts.len() <= 8
+        && !name.contains(['\\', '\0'])
+        && parts.iter().all(|p| {
+            !p.is_empty() && !p.chars().all(|c| c == '.') && !p.chars().any(char::is_control)
+        })
+}
+
 /// Who could render a task that failed, in the reporting worker's judgement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FailureScope {
@@ -262,6 +275,17 @@ impl Task {
     pub fn complete(&mut self, grant: u32, outputs: Vec<FrameOutput>) -> Result<Completion, Error> {
         if grant == 0 || grant > self.grants {
             return Err(Error::LeaseLost(self.lease_id(grant).to_string()));
+        }
+        // Extra outputs (passes) ride along with their frame; whole frames only.
+        for o in outputs.iter().filter(|o| !o.pass.is_empty()) {
+            if self.tile.is_some() || !self.frames.contains(&o.frame) || !pass_name_ok(&o.pass) {
+                return Err(Error::invalid(format!(
+                    "task {} cannot take extra output `{}` of frame {}: passes need a whole frame of the task and a relative name without `..`",
+                    self.lease_id(grant),
+                    o.pass,
+                    o.frame
+                )));
+            }
         }
         let mut want: Vec<u32> = outputs
             .iter()
@@ -474,6 +498,30 @@ mod tests {
         assert_eq!(
             t.complete(lease.grant, vec![out(1), out(2)]).unwrap(),
             Completion::Duplicate
+        );
+    }
+
+    #[test]
+    fn passes_ride_with_their_frame_under_safe_names() {
+        let pass = |frame: u32, name: &str| FrameOutput {
+            pass: name.into(),
+            ..out(frame)
+        };
+        let mut t = Task::new(JobId(1), 0, vec![1]);
+        let lease = t.lease(&w("a"), 0, 500).unwrap();
+        for bad in [pass(1, "../x.png"), pass(1, "/etc/x"), pass(2, "n/x.png")] {
+            assert!(matches!(
+                t.complete(lease.grant, vec![out(1), bad]),
+                Err(Error::Invalid(_))
+            ));
+        }
+        assert_eq!(
+            t.complete(
+                lease.grant,
+                vec![out(1), pass(1, "File Output/Image0001.png")]
+            )
+            .unwrap(),
+            Completion::Recorded
         );
     }
 

@@ -4,6 +4,8 @@
 //! Every process is started on loopback with port 0 or a port it reports, in
 //! temporary directories, and killed when its handle drops.
 
+pub mod fake_coordinator;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -547,6 +549,44 @@ pub fn worker_with(url: &str, dir: &Path, name: &str, extra: &[&str]) -> Proc {
                 .get(url)
                 .map(|c| ("TESSERA_CA", c.clone())),
         )
+        .stdout(std::fs::File::create(dir.join(format!("worker-{name}.out"))).unwrap())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    Proc { child, log }
+}
+
+/// The worker token of the coordinator at `url`.
+pub fn worker_token(url: &str) -> String {
+    token_for(url, true).expect("a coordinator started by this test process")
+}
+
+/// Starts a worker (one slot of one thread) with extra arguments and extra
+/// environment variables, without `TESSERA_TOKEN`: the token must come from
+/// the arguments (e.g. `--token-file`).
+pub fn worker_env(url: &str, dir: &Path, name: &str, extra: &[&str], env: &[(&str, &str)]) -> Proc {
+    let cache = dir.join(format!("cache-{name}"));
+    let log = dir.join(format!("worker-{name}.log"));
+    let child = Command::new(tessera())
+        .args([
+            "worker",
+            "--coordinator",
+            url,
+            "--name",
+            name,
+            "--slots",
+            "1",
+            "--threads",
+            "1",
+            "--device",
+            "cpu",
+            "--cache",
+        ])
+        .arg(&cache)
+        .args(extra)
+        .env_remove("TESSERA_TOKEN")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
         .stdout(std::fs::File::create(dir.join(format!("worker-{name}.out"))).unwrap())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()

@@ -208,7 +208,9 @@ fn a_failing_render_fails_its_task_with_blenders_error_and_the_worker_stays_up()
         message.contains("blender log"),
         "the log tail travels with the failure: {message}"
     );
-    assert!(message.contains("failed 2 times"), "{message}");
+    // A Python error in the scene fails everywhere: one attempt, not two.
+    assert!(message.contains("cannot be rendered anywhere"), "{message}");
+    assert_eq!(failed["tasks"][0]["attempts"], 1, "{failed:#}");
     let human = cli_ok(&coord.url, &["status", &job.to_string()]);
     assert!(
         human.contains("failed") && human.contains("PyDriver"),

@@ -4,7 +4,9 @@
 //! Every call to the coordinator is retried while the coordinator is
 //! unreachable (it may be restarting); answers that say the lease is gone end
 //! the task quietly. A failed render is reported with Blender's log tail and
-//! the slot carries on.
+//! its scope (who could render it instead), and the slot carries on. A result
+//! the coordinator refuses for good is reported as a failure everywhere, so it
+//! is not rendered again and again.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -16,9 +18,12 @@ use tokio::sync::{watch, RwLock};
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 
-use crate::blender::{Device, Progress, RenderFailure, RenderRequest, Renderer, NO_DEVICE};
+use crate::blender::{
+    failure, Device, Progress, RenderFailure, RenderRequest, Renderer, NO_DEVICE,
+};
 use crate::cache::SceneCache;
 use crate::error::Error;
+use crate::failure::{Kind, Scope};
 use crate::gpu::{GpuInfo, Hardware, Telemetry};
 use crate::slots::SlotPlan;
 use crate::transfer;
@@ -46,6 +51,9 @@ pub struct WorkerConfig {
     /// How long renders in flight may run on after a shutdown signal before
     /// they are released to other workers.
     pub grace: Duration,
+    /// TESTS ONLY: the first Blender session of each slot fails its renders
+    /// as a crashing GPU driver would (`tessera worker --fail-first-render`).
+    pub fail_first_render: bool,
 }
 
 /// A worker's GPUs and their telemetry sources.
@@ -420,6 +428,14 @@ async fn run_task<R: Renderer>(
             .await
             {
                 Ok(_) => tracing::info!(%lease, "task done"),
+                Err(s) if s.code() == Code::InvalidArgument => {
+                    // Refused for good: rendering it again would not change
+                    // that, so the task fails instead of coming back forever.
+                    let what = format!("the coordinator refused the result: {}", s.message());
+                    tracing::warn!(%lease, "{what}");
+                    let f = failure(Kind::Refused, what, "", String::new());
+                    report_failure(&client, &lease, f).await;
+                }
                 Err(s) => tracing::warn!(%lease, "result not recorded: {}", s.message()),
             }
         }
@@ -440,33 +456,47 @@ async fn run_task<R: Renderer>(
                 Err(s) => tracing::warn!(%lease, "cannot release the task: {}", s.message()),
             }
         }
-        Err(RenderFailure::Failed {
-            reason,
-            log_tail,
-            permanent,
-        }) => {
-            tracing::warn!(%lease, "task failed: {reason}");
-            if reason.contains(NO_DEVICE) || log_tail.contains(NO_DEVICE) {
-                stop_gpu_work(shared, slot);
-            }
-            let req = pb::FailRequest {
-                lease_id: lease.clone(),
-                reason,
-                log_tail,
-                permanent,
-                scope: 0,
-            };
-            if let Err(s) = retry("reporting a failure", RESULT_PATIENCE, || {
-                let (mut c, r) = (client.clone(), req.clone());
-                async move { c.fail(r).await }
-            })
-            .await
+        Err(f) => {
+            if let RenderFailure::Failed {
+                reason, log_tail, ..
+            } = &f
             {
-                tracing::warn!(%lease, "failure not recorded: {}", s.message());
+                if reason.contains(NO_DEVICE) || log_tail.contains(NO_DEVICE) {
+                    stop_gpu_work(shared, slot);
+                }
             }
+            report_failure(&client, &lease, f).await;
         }
     }
     let _ = std::fs::remove_dir_all(shared.config.cache.join("work").join(&lease));
+}
+
+/// Reports a failed task with its scope.
+async fn report_failure(client: &pb::work_client::WorkClient<Conn>, lease: &str, f: RenderFailure) {
+    let RenderFailure::Failed {
+        reason,
+        log_tail,
+        scope,
+    } = f
+    else {
+        return;
+    };
+    tracing::warn!(%lease, %scope, "task failed: {reason}");
+    let req = pb::FailRequest {
+        lease_id: lease.to_string(),
+        reason,
+        log_tail,
+        permanent: scope == Scope::Everywhere,
+        scope: scope.to_proto() as i32,
+    };
+    if let Err(s) = retry("reporting a failure", RESULT_PATIENCE, || {
+        let (mut c, r) = (client.clone(), req.clone());
+        async move { c.fail(r).await }
+    })
+    .await
+    {
+        tracing::warn!(%lease, "failure not recorded: {}", s.message());
+    }
 }
 
 /// Blender cannot use this slot's GPU: the slot takes CPU work only from now on.
@@ -491,7 +521,7 @@ async fn execute<R: Renderer>(
     progress: Arc<Progress>,
     stop: watch::Receiver<bool>,
 ) -> Result<Vec<pb::FrameOutput>, RenderFailure> {
-    let failed = |reason: String| crate::blender::failure(reason, String::new());
+    let transfer_failed = |what: String| failure(Kind::Transfer, what, "", String::new());
     let mut blobs = pb::blobs_client::BlobsClient::new(shared.channel.clone());
     let scene = {
         let mut attempt = 0;
@@ -502,14 +532,22 @@ async fn execute<R: Renderer>(
                 Err(Error::Rpc(s)) if transient(&s) && attempt < 20 => {
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
-                Err(e) => return Err(failed(format!("cannot fetch the scene: {e}"))),
+                Err(e @ Error::Io { .. }) => {
+                    return Err(failure(
+                        Kind::WorkerDisk,
+                        format!("cannot store the scene: {e}"),
+                        "",
+                        String::new(),
+                    ))
+                }
+                Err(e) => return Err(transfer_failed(format!("cannot fetch the scene: {e}"))),
             }
         }
     };
     let out_dir = shared
         .cache
         .work_dir(&task.lease_id)
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(|e| failure(Kind::WorkerDisk, e.to_string(), "", String::new()))?;
     let plan = shared
         .plans
         .lock()
@@ -550,38 +588,64 @@ async fn execute<R: Renderer>(
     let frames = shared.renderer.render(req, progress, stop).await?;
     let mut outputs = Vec::with_capacity(frames.len());
     for f in frames {
-        let (digest, size) = transfer::hash_file(&f.path)
+        let output = upload(&blobs, &f.path, f.frame)
             .await
-            .map_err(|e| failed(e.to_string()))?;
-        retry("uploading a frame", RESULT_PATIENCE, || {
-            let mut blobs = blobs.clone();
-            let (path, digest) = (f.path.clone(), digest.clone());
-            async move {
-                transfer::upload_file(&mut blobs, &path, &digest, size)
-                    .await
-                    .map_err(|e| match e {
-                        Error::Rpc(s) => s,
-                        other => tonic::Status::internal(other.to_string()),
-                    })
-            }
-        })
-        .await
-        .map_err(|s| failed(format!("cannot upload frame {}: {}", f.frame, s.message())))?;
+            .map_err(|e| transfer_failed(format!("cannot upload frame {}: {e}", f.frame)))?;
         outputs.push(pb::FrameOutput {
-            frame: f.frame,
-            digest,
             ext: f.ext,
-            size,
-            pass: String::new(),
+            ..output
         });
+        for p in f.passes {
+            let output = upload(&blobs, &p.path, f.frame).await.map_err(|e| {
+                transfer_failed(format!(
+                    "cannot upload {} of frame {}: {e}",
+                    p.name, f.frame
+                ))
+            })?;
+            outputs.push(pb::FrameOutput {
+                ext: crate::passes::extension(&p.name),
+                pass: p.name,
+                ..output
+            });
+        }
     }
     Ok(outputs)
+}
+
+/// Hashes and uploads one file of `frame`; the output lacks its extension and pass.
+async fn upload(
+    blobs: &pb::blobs_client::BlobsClient<Conn>,
+    path: &std::path::Path,
+    frame: u32,
+) -> Result<pb::FrameOutput, String> {
+    let (digest, size) = transfer::hash_file(path).await.map_err(|e| e.to_string())?;
+    retry("uploading a frame", RESULT_PATIENCE, || {
+        let mut blobs = blobs.clone();
+        let (path, digest) = (path.to_path_buf(), digest.clone());
+        async move {
+            transfer::upload_file(&mut blobs, &path, &digest, size)
+                .await
+                .map_err(|e| match e {
+                    Error::Rpc(s) => s,
+                    other => tonic::Status::internal(other.to_string()),
+                })
+        }
+    })
+    .await
+    .map_err(|s| s.message().to_string())?;
+    Ok(pb::FrameOutput {
+        frame,
+        digest,
+        ext: String::new(),
+        size,
+        pass: String::new(),
+    })
 }
 
 /// How a worker runs Blender.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RenderMode {
-    /// A fresh `blender -b` process per task.
+    /// A fresh Blender process per task (run and checked like a session).
     FreshProcess,
     /// Warm sessions, one per job and slot, closed after `idle` without work.
     Sessions {
@@ -590,23 +654,29 @@ pub enum RenderMode {
     },
 }
 
-/// Runs a worker that renders with the Blender at `blender` in `mode`.
+/// Runs a worker that renders with the Blender at `blender` in `mode`. The
+/// worker makes itself non-dumpable first, so Blender cannot read its memory.
 pub async fn run_blender(
     config: WorkerConfig,
     blender: PathBuf,
     mode: RenderMode,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), Error> {
-    match mode {
-        RenderMode::FreshProcess => {
-            run(config, crate::blender::BlenderProcess { blender }, shutdown).await
-        }
-        RenderMode::Sessions { idle } => {
-            let scripts = config.cache.join("scripts");
-            let renderer = crate::session::SessionRenderer::new(blender, &scripts, idle)?;
-            run(config, renderer, shutdown).await
-        }
+    let (idle, reuse) = match mode {
+        RenderMode::FreshProcess => (Duration::from_secs(60), false),
+        RenderMode::Sessions { idle } => (idle, true),
+    };
+    if let Err(e) = crate::isolation::hide_worker_memory() {
+        tracing::warn!("cannot hide the worker's memory from Blender: {e}");
     }
+    let renderer = crate::session::SessionRenderer::new(crate::session::SessionConfig {
+        blender,
+        dir: config.cache.join("blender"),
+        idle,
+        reuse,
+        fail_first_render: config.fail_first_render,
+    })?;
+    run(config, renderer, shutdown).await
 }
 
 fn slot_info(p: &SlotPlan) -> pb::SlotInfo {

@@ -1,14 +1,13 @@
-//! Running Blender headless, and telling a real render from a failed one.
+//! What renders are asked for and what comes back, the [`Renderer`] trait,
+//! and reading Blender's output.
 //!
-//! Blender exits 0 on many failures (Python errors, missing textures), so a
-//! render only counts when Blender exited 0, printed no error line, and wrote
-//! a fresh image for every frame into an output directory that was empty
-//! before it started.
+//! Blender exits 0 on many failures (Python errors, missing textures), so the
+//! session that runs it ([`crate::session`]) watches its output for error
+//! lines, and every frame is checked ([`crate::verify`]) before it counts.
 
-use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -16,12 +15,7 @@ use tokio::process::Command;
 use tokio::sync::watch;
 
 use crate::error::Error;
-
-/// Lines of Blender's output kept for a failure report.
-const LOG_TAIL_LINES: usize = 80;
-
-/// Exit status Blender is asked to use when a Python script fails.
-const PYTHON_EXIT_CODE: &str = "3";
+use crate::failure::{classify, Kind, Scope};
 
 /// Which Cycles device a render uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,26 +114,7 @@ pub struct TileRender {
     pub border: [f64; 4],
 }
 
-impl TileRender {
-    /// Python run inside Blender before rendering: checks the scene's size and
-    /// sets the border, cropped to the region.
-    pub fn python(&self) -> String {
-        let (fw, fh) = self.frame;
-        let [x0, x1, y0, y1] = self.border;
-        format!(
-            "import bpy\n\
-             r = bpy.context.scene.render\n\
-             size = (r.resolution_x * r.resolution_percentage // 100, r.resolution_y * r.resolution_percentage // 100)\n\
-             if size != ({fw}, {fh}):\n    \
-             raise RuntimeError('tessera: the scene renders %dx%d but the job was submitted for {fw}x{fh}; submit it again' % size)\n\
-             r.use_border = True\n\
-             r.use_crop_to_border = True\n\
-             r.border_min_x, r.border_max_x, r.border_min_y, r.border_max_y = {x0:?}, {x1:?}, {y0:?}, {y1:?}\n"
-        )
-    }
-}
-
-/// A rendered image.
+/// A rendered image, checked to be what Blender rendered for this task.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RenderedFrame {
     /// Frame number.
@@ -148,6 +123,17 @@ pub struct RenderedFrame {
     pub path: PathBuf,
     /// Its extension without the dot.
     pub ext: String,
+    /// Extra outputs of the frame (File Output nodes), checked and fresh.
+    pub passes: Vec<PassFile>,
+}
+
+/// One extra output of a frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PassFile {
+    /// Its name relative to the task's passes folder ([`crate::passes`]).
+    pub name: String,
+    /// The file.
+    pub path: PathBuf,
 }
 
 /// Why a render did not produce its frames.
@@ -155,12 +141,12 @@ pub struct RenderedFrame {
 pub enum RenderFailure {
     /// Blender failed; the reason and the tail of its log.
     Failed {
-        /// One line saying what went wrong.
+        /// What went wrong, in Blender's words, and what to do.
         reason: String,
         /// The last lines Blender printed.
         log_tail: String,
-        /// Whether it would fail the same way on any worker.
-        permanent: bool,
+        /// Who could render it instead.
+        scope: Scope,
     },
     /// The render was stopped on request.
     Stopped,
@@ -187,20 +173,15 @@ pub trait Renderer: Send + Sync + 'static {
     fn end_jobs(&self, _jobs: &[u64]) {}
 }
 
-/// A failure of this render only.
-pub fn failure(reason: String, log_tail: String) -> RenderFailure {
+/// A failure of `kind`: `what` happened, Blender printed `words` (its error
+/// lines); classified into a scope, with the fix added to the reason.
+pub fn failure(kind: Kind, what: String, words: &str, log_tail: String) -> RenderFailure {
+    let d = classify(kind, &what, words);
     RenderFailure::Failed {
-        reason,
+        reason: d.reason,
         log_tail,
-        permanent: false,
+        scope: d.scope,
     }
-}
-
-/// Runs a fresh `blender -b` process per render.
-#[derive(Debug, Clone)]
-pub struct BlenderProcess {
-    /// The Blender executable.
-    pub blender: PathBuf,
 }
 
 /// Asks Blender for its version line (`Blender 3.4.1`).
@@ -242,124 +223,6 @@ pub fn is_error_line(line: &str) -> bool {
         || l.starts_with("imb_savepng: Cannot open file for writing")
 }
 
-impl Renderer for BlenderProcess {
-    async fn render(
-        &self,
-        req: RenderRequest,
-        progress: Arc<Progress>,
-        mut stop: watch::Receiver<bool>,
-    ) -> Result<Vec<RenderedFrame>, RenderFailure> {
-        let failed = failure;
-        let frames: Vec<String> = req.frames.iter().map(u32::to_string).collect();
-        let mut cmd = Command::new(&self.blender);
-        cmd.arg("-b")
-            .arg(&req.scene)
-            .args(["--python-exit-code", PYTHON_EXIT_CODE]);
-        if let Some(tile) = &req.tile {
-            cmd.arg("--python-expr").arg(tile.python());
-        }
-        cmd.arg("-o").arg(req.out_dir.join("frame_####"));
-        if let Some(t) = req.threads {
-            cmd.args(["-t", &t.to_string()]);
-        }
-        cmd.arg("-f")
-            .arg(frames.join(","))
-            .args(["--", "--cycles-device", req.device.cycles_name()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        die_with_parent(&mut cmd);
-        pin_gpu(&mut cmd, &req);
-        let mut child = cmd.spawn().map_err(|e| {
-            failed(
-                format!("cannot start Blender `{}`: {e}", self.blender.display()),
-                String::new(),
-            )
-        })?;
-        let mut line_rx = read_lines(&mut child);
-        let mut tail: VecDeque<String> = VecDeque::with_capacity(LOG_TAIL_LINES);
-        let mut errors: Vec<String> = Vec::new();
-        let mut saved = 0u32;
-        let mut python_exception: Option<String> = None;
-        let mut status = None;
-        let mut lines_open = true;
-        let mut stop_open = !*stop.borrow();
-        while status.is_none() || lines_open {
-            tokio::select! {
-                line = line_rx.recv(), if lines_open => match line {
-                    Some(line) => {
-                        if line.starts_with("Saved: ") {
-                            saved += 1;
-                            progress.frames.store(saved, Ordering::Relaxed);
-                        }
-                        if is_error_line(&line) && errors.len() < 5 {
-                            errors.push(line.trim().to_string());
-                        }
-                        if is_python_exception(&line) {
-                            python_exception = Some(line.trim().to_string());
-                        }
-                        if tail.len() == LOG_TAIL_LINES {
-                            tail.pop_front();
-                        }
-                        tail.push_back(line);
-                    }
-                    None => lines_open = false,
-                },
-                s = child.wait(), if status.is_none() => {
-                    status = Some(s.map_err(|e| failed(format!("lost track of Blender: {e}"), String::new()))?);
-                }
-                r = stop.changed(), if stop_open => {
-                    if r.is_err() {
-                        stop_open = false;
-                    } else if *stop.borrow() {
-                        let _ = child.start_kill();
-                        let _ = child.wait().await;
-                        return Err(RenderFailure::Stopped);
-                    }
-                }
-            }
-        }
-        let status = status.expect("loop ends with a status");
-        if let Some(exc) = python_exception.filter(|e| !errors.contains(e)) {
-            errors.push(exc);
-        }
-        let log_tail = Vec::from(tail).join("\n");
-        let summary = summarize(&errors);
-        if !status.success() {
-            let reason = match &summary {
-                Some(e) => format!("Blender failed ({status}): {e}"),
-                None => format!("Blender failed ({status})"),
-            };
-            return Err(failed(reason, log_tail));
-        }
-        if let Some(e) = summary {
-            return Err(failed(
-                format!("Blender reported an error although it exited 0: {e}"),
-                log_tail,
-            ));
-        }
-        let frames = collect_outputs(&req.out_dir, &req.frames)
-            .map_err(|reason| failed(reason, log_tail.clone()))?;
-        if let Some(tile) = &req.tile {
-            for f in &frames {
-                let got = crate::image_size::image_size(&f.path)
-                    .map_err(|reason| failed(reason, log_tail.clone()))?;
-                if got != tile.size {
-                    return Err(failed(
-                        format!(
-                            "tile of frame {} came out {}x{} but should be {}x{}; Blender rounded the border differently than expected",
-                            f.frame, got.0, got.1, tile.size.0, tile.size.1
-                        ),
-                        log_tail,
-                    ));
-                }
-            }
-        }
-        Ok(frames)
-    }
-}
-
 /// Whether a line is the last line of a Python traceback (`ValueError: ...`).
 pub fn is_python_exception(line: &str) -> bool {
     let Some((name, _)) = line.split_once(": ") else {
@@ -386,52 +249,6 @@ pub fn summarize(errors: &[String]) -> Option<String> {
         [] => errors.first().cloned(),
         lines => Some(lines.join(" | ")),
     }
-}
-
-/// Finds one image per frame in `dir`, named `frame_NNNN.ext`.
-pub fn collect_outputs(dir: &Path, frames: &[u32]) -> Result<Vec<RenderedFrame>, String> {
-    let mut found: Vec<RenderedFrame> = Vec::new();
-    let entries = std::fs::read_dir(dir)
-        .map_err(|e| format!("cannot read output directory {}: {e}", dir.display()))?;
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix("frame_") else {
-            continue;
-        };
-        let Some((num, ext)) = rest.split_once('.') else {
-            continue;
-        };
-        let Ok(frame) = num.parse::<u32>() else {
-            continue;
-        };
-        if entry.metadata().map(|m| m.len() == 0).unwrap_or(true) {
-            return Err(format!("Blender wrote an empty image for frame {frame}"));
-        }
-        found.push(RenderedFrame {
-            frame,
-            path: entry.path(),
-            ext: ext.to_ascii_lowercase(),
-        });
-    }
-    found.sort_by_key(|f| f.frame);
-    let got: Vec<u32> = found.iter().map(|f| f.frame).collect();
-    let missing: Vec<u32> = frames
-        .iter()
-        .copied()
-        .filter(|f| !got.contains(f))
-        .collect();
-    if !missing.is_empty() {
-        return Err(format!(
-            "Blender exited 0 but wrote no image for frame(s) {missing:?}; check the scene's output settings and the log"
-        ));
-    }
-    found.retain(|f| frames.contains(&f.frame));
-    Ok(found)
-}
-
-/// Makes Blender die with the worker, so a killed worker leaves no orphan render.
-pub fn die_with_parent(cmd: &mut Command) {
-    child_setup(cmd, None);
 }
 
 /// Prepares a Blender child: it dies with the worker and, when `reply_fd` is
@@ -528,40 +345,5 @@ mod tests {
             "ValueError: bad".to_string(),
         ];
         assert_eq!(summarize(&errors).unwrap(), "ValueError: bad");
-    }
-
-    #[test]
-    fn tile_python_sets_the_border_and_checks_the_size() {
-        let t = TileRender {
-            size: (97, 76),
-            frame: (321, 239),
-            border: [0.1, 0.4, 0.5, 0.75],
-        };
-        let py = t.python();
-        assert!(
-            py.contains("!= (321, 239)") && py.contains("use_crop_to_border = True"),
-            "{py}"
-        );
-        assert!(py.contains("0.1, 0.4, 0.5, 0.75"), "{py}");
-    }
-
-    #[test]
-    fn outputs_must_cover_every_frame() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("frame_0001.png"), b"x").unwrap();
-        std::fs::write(dir.path().join("frame_10000.png"), b"y").unwrap();
-        std::fs::write(dir.path().join("notes.txt"), b"z").unwrap();
-        let got = collect_outputs(dir.path(), &[1, 10000]).unwrap();
-        assert_eq!(
-            got.iter().map(|f| f.frame).collect::<Vec<_>>(),
-            vec![1, 10000]
-        );
-        assert_eq!(got[0].ext, "png");
-        let err = collect_outputs(dir.path(), &[1, 2]).unwrap_err();
-        assert!(err.contains("[2]"), "{err}");
-        std::fs::write(dir.path().join("frame_0003.png"), b"").unwrap();
-        assert!(collect_outputs(dir.path(), &[3])
-            .unwrap_err()
-            .contains("empty image"));
     }
 }

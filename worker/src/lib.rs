@@ -3,9 +3,13 @@
 //!
 //! # Layout
 //! - [`agent`]: registration and the per-slot lease loop.
-//! - [`blender`]: running Blender and judging whether a render really worked.
+//! - [`blender`]: render requests and results, the `Renderer` trait, reading Blender's output.
 //! - [`slots`]: one slot per GPU, CPU slots, declared GPUs for tests.
-//! - [`session`]: warm Blender sessions, one per job and slot.
+//! - [`session`]: Blender sessions, warm per job and slot (or one per task).
+//! - [`verify`]: whether a frame is one Blender really rendered for the task.
+//! - [`failure`]: who could fix a failed render (the failure's scope), and how.
+//! - [`isolation`]: Blender's command line and environment; hiding the worker's memory.
+//! - [`passes`]: extra outputs of a frame (File Output nodes) and their names.
 //! - [`cache`]: the scene cache, keyed by blake3 digest.
 //! - [`capabilities`]: what this worker's Blender can render (version, denoiser, OSL, Eevee).
 //! - [`fileset`]: job roots built from file sets, and the bounded file cache.
@@ -19,11 +23,15 @@ pub mod blender;
 pub mod cache;
 pub mod capabilities;
 pub mod error;
+pub mod failure;
 pub mod fileset;
 pub mod gpu;
 pub mod image_size;
+pub mod isolation;
+pub mod passes;
 pub mod session;
 pub mod slots;
 pub mod transfer;
+pub mod verify;
 
 pub use error::Error;

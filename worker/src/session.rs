@@ -1,21 +1,25 @@
-//! Warm Blender sessions: one long-lived Blender per (job, slot) that renders
+//! Blender sessions: one long-lived Blender per (job, slot) that renders
 //! frame after frame with Cycles' persistent data, instead of paying process
-//! start, scene load and BVH build for every task.
+//! start, scene load and BVH build for every task (or, with `reuse` off, one
+//! Blender per task, run the same way).
 //!
-//! The worker starts `blender -b SCENE --python-exit-code 3 --python session.py
-//! -- --reply-fd 3`, writes one JSON render command per line on Blender's
-//! stdin, and reads the answers on a pipe of their own (fd 3 in Blender), never
-//! from Blender's stdout. Stdout and stderr are still read: they fill the log
-//! tail sent with a failure, and error lines printed during a render (a Python
-//! driver failing, a file that cannot be saved) fail that render even though
-//! Blender carries on.
+//! The worker starts `blender -b --factory-startup --disable-autoexec SCENE
+//! --python-exit-code 3 --python session.py -- --reply-fd 3` with a scrubbed
+//! environment ([`crate::isolation`]), writes one JSON render command per line
+//! on Blender's stdin, and reads the answers on a pipe of their own (fd 3 in
+//! Blender), never from Blender's stdout. Stdout and stderr are still read:
+//! they fill the log tail sent with a failure, and error lines printed during
+//! a render (a Python driver failing, a file that cannot be saved) fail that
+//! render even though Blender carries on.
 //!
-//! A session is kept while its slot receives tasks of the same job; it is
-//! closed when the slot moves to another job, when it has been idle for the
-//! configured time, when its job ends, and when Blender dies (the render in
-//! flight then fails with Blender's log tail, and the next task starts afresh).
+//! Every frame is checked before it counts ([`crate::verify`]). A session
+//! whose render failed in any way is ended, never asked again: after some
+//! failures Blender's next render in the same process "succeeds" at once with
+//! a black frame. A session is kept while its slot receives tasks of the same
+//! job; it is closed when the slot moves to another job, when it has been idle
+//! for the configured time, when its job ends, and when Blender dies.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -29,10 +33,12 @@ use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::{mpsc, watch};
 
 use crate::blender::{
-    child_setup, failure, is_error_line, is_python_exception, read_lines, summarize, Progress,
-    RenderFailure, RenderRequest, RenderedFrame, Renderer,
+    child_setup, failure, is_error_line, is_python_exception, read_lines, summarize, PassFile,
+    Progress, RenderFailure, RenderRequest, RenderedFrame, Renderer,
 };
 use crate::error::Error;
+use crate::failure::Kind;
+use crate::verify;
 
 /// The session script, shipped inside the binary so a worker needs no checkout.
 const SCRIPT: &str = include_str!("../../blender/session.py");
@@ -42,6 +48,22 @@ const LOG_TAIL_LINES: usize = 80;
 
 /// How long Blender may take to load a scene before the session is given up.
 const READY_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// How a [`SessionRenderer`] runs Blender.
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// The Blender executable.
+    pub blender: PathBuf,
+    /// Where the session script and Blender's temporary folders go.
+    pub dir: PathBuf,
+    /// Idle time after which a kept session closes.
+    pub idle: Duration,
+    /// Keep a session between tasks of a job (false: one Blender per task).
+    pub reuse: bool,
+    /// TESTS ONLY: the first session of each slot fails its renders as a
+    /// crashing GPU driver would (`--fail-first-render`).
+    pub fail_first_render: bool,
+}
 
 /// One running Blender serving one job on one slot.
 struct Session {
@@ -62,12 +84,30 @@ struct Session {
     load_errors: Vec<String>,
 }
 
-/// Why a render in a session did not produce its frames.
-enum SessionError {
-    /// This render failed; the session can serve the next one.
-    Render(RenderFailure),
-    /// The session is unusable (Blender died, was stopped, or broke the protocol).
-    Broken(RenderFailure),
+/// Error lines and the last Python exception printed during one command.
+#[derive(Default)]
+struct Printed {
+    errors: Vec<String>,
+    exception: Option<String>,
+}
+
+impl Printed {
+    fn note(&mut self, line: &str) {
+        if is_error_line(line) && self.errors.len() < 5 {
+            self.errors.push(line.trim().to_string());
+        }
+        if is_python_exception(line) {
+            self.exception = Some(line.trim().to_string());
+        }
+    }
+
+    /// The error lines, the exception last, deduplicated.
+    fn all(mut self) -> Vec<String> {
+        if let Some(e) = self.exception.take().filter(|e| !self.errors.contains(e)) {
+            self.errors.push(e);
+        }
+        self.errors
+    }
 }
 
 impl Session {
@@ -83,8 +123,12 @@ impl Session {
     }
 
     /// Moves lines printed since the last render into the tail.
-    fn drain_lines(&mut self) {
+    fn drain_lines(&mut self, printed: Option<&mut Printed>) {
+        let mut printed = printed;
         while let Ok(line) = self.lines.try_recv() {
+            if let Some(p) = printed.as_deref_mut() {
+                p.note(&line);
+            }
             self.push_line(line);
         }
     }
@@ -96,24 +140,48 @@ impl Session {
         }
     }
 
-    /// Renders every frame of `req`, one command each.
+    /// A crash: what happened, with the error lines and the last lines printed.
+    fn crashed(&self, what: String, errors: &[String]) -> RenderFailure {
+        let last: Vec<String> = self.tail.iter().rev().take(5).cloned().collect();
+        let what = match summarize(errors) {
+            Some(e) => format!("{what}: {e}"),
+            None => what,
+        };
+        let words = format!("{}\n{}", errors.join("\n"), last.join("\n"));
+        failure(Kind::Crashed, what, &words, self.log_tail())
+    }
+
+    /// Renders every frame of `req`, one command each, checking every frame.
     async fn render(
         &mut self,
         req: &RenderRequest,
         progress: &Progress,
         stop: &mut watch::Receiver<bool>,
-    ) -> Result<Vec<RenderedFrame>, SessionError> {
+    ) -> Result<Vec<RenderedFrame>, RenderFailure> {
         let mut out = Vec::with_capacity(req.frames.len());
         if let Some(e) = summarize(&self.load_errors) {
-            return Err(SessionError::Render(failure(
+            return Err(failure(
+                Kind::BlenderError,
                 format!("Blender reported an error while loading the scene: {e}"),
+                &self.load_errors.join("\n"),
                 self.log_tail(),
-            )));
+            ));
         }
         for &frame in &req.frames {
-            self.drain_lines();
+            self.drain_lines(None);
             self.next_id += 1;
             let id = self.next_id;
+            let started = verify::mark_start(&req.out_dir, frame).map_err(|e| {
+                failure(
+                    Kind::WorkerDisk,
+                    format!(
+                        "cannot write into the task folder {}: {e}",
+                        req.out_dir.display()
+                    ),
+                    "",
+                    String::new(),
+                )
+            })?;
             let tile = req.tile.as_ref().map(|t| {
                 json!({
                     "border": t.border,
@@ -139,26 +207,21 @@ impl Session {
                 None => Err(std::io::Error::other("session closed")),
             };
             if sent.is_err() {
-                let reason = format!(
+                let what = format!(
                     "{} before frame {frame} could be rendered",
                     self.exit_reason().await
                 );
-                return Err(SessionError::Broken(failure(reason, self.log_tail())));
+                return Err(self.crashed(what, &[]));
             }
             progress.samples_done.store(0, Ordering::Relaxed);
-            let mut errors: Vec<String> = Vec::new();
-            let mut exception: Option<String> = None;
+            let mut printed = Printed::default();
             let rendered = loop {
                 tokio::select! {
                     reply = self.replies.recv() => match reply {
                         None => {
-                            self.drain_lines();
-                            let reason = format!("{} while rendering frame {frame}", self.exit_reason().await);
-                            let reason = match summarize(&errors) {
-                                Some(e) => format!("{reason}: {e}"),
-                                None => reason,
-                            };
-                            return Err(SessionError::Broken(failure(reason, self.log_tail())));
+                            self.drain_lines(Some(&mut printed));
+                            let what = format!("{} while rendering frame {frame}", self.exit_reason().await);
+                            return Err(self.crashed(what, &printed.all()));
                         }
                         Some(v) if v["id"].as_u64() != Some(id) => {}
                         Some(v) => match v["event"].as_str() {
@@ -169,82 +232,72 @@ impl Session {
                             }
                             Some("done") => break v,
                             Some("error") => {
-                                self.drain_lines();
+                                self.drain_lines(Some(&mut printed));
                                 let e = v["error"].as_str().unwrap_or("unknown error").to_string();
-                                return Err(SessionError::Render(failure(
+                                let words = format!("{e}\n{}", printed.all().join("\n"));
+                                return Err(failure(
+                                    Kind::BlenderError,
                                     format!("Blender could not render frame {frame}: {e}"),
+                                    &words,
                                     self.log_tail(),
-                                )));
+                                ));
                             }
                             _ => {}
                         },
                     },
                     line = self.lines.recv() => if let Some(line) = line {
-                        if is_error_line(&line) && errors.len() < 5 {
-                            errors.push(line.trim().to_string());
-                        }
-                        if is_python_exception(&line) {
-                            exception = Some(line.trim().to_string());
-                        }
+                        printed.note(&line);
                         self.push_line(line);
                     },
                     changed = stop.changed() => {
                         if changed.is_err() || *stop.borrow() {
-                            return Err(SessionError::Broken(RenderFailure::Stopped));
+                            return Err(RenderFailure::Stopped);
                         }
                     }
                 }
             };
             // Lines printed up to the answer belong to this render.
-            while let Ok(line) = self.lines.try_recv() {
-                if is_error_line(&line) && errors.len() < 5 {
-                    errors.push(line.trim().to_string());
-                }
-                if is_python_exception(&line) {
-                    exception = Some(line.trim().to_string());
-                }
-                self.push_line(line);
-            }
-            if let Some(e) = exception.filter(|e| !errors.contains(e)) {
-                errors.push(e);
-            }
+            self.drain_lines(Some(&mut printed));
+            let errors = printed.all();
             if let Some(e) = summarize(&errors) {
-                return Err(SessionError::Render(failure(
+                return Err(failure(
+                    Kind::BlenderError,
                     format!("Blender reported an error while rendering frame {frame}: {e}"),
+                    &errors.join("\n"),
                     self.log_tail(),
-                )));
+                ));
             }
-            let path = PathBuf::from(rendered["path"].as_str().unwrap_or_default());
-            let ext = path
+            let reported = verify::Reported::from_reply(&rendered);
+            let found = verify::inspect(&req.out_dir, &reported.path, started);
+            let expected = verify::expected_size(&reported, req.tile.as_ref().map(|t| t.size));
+            if let Err(what) = verify::judge(frame, &reported, &found, expected) {
+                return Err(failure(Kind::BadFrame, what, "", self.log_tail()));
+            }
+            let ext = reported
+                .path
                 .extension()
                 .and_then(|e| e.to_str())
                 .map(str::to_ascii_lowercase)
                 .unwrap_or_default();
-            if !path.starts_with(&req.out_dir) || ext.is_empty() || !path.is_file() {
-                return Err(SessionError::Broken(failure(
-                    format!(
-                        "the session reported `{}` for frame {frame}, which is not a fresh image",
-                        path.display()
-                    ),
-                    self.log_tail(),
-                )));
-            }
-            if let Some(tile) = &req.tile {
-                let got = crate::image_size::image_size(&path)
-                    .map_err(|e| SessionError::Render(failure(e, self.log_tail())))?;
-                if got != tile.size {
-                    return Err(SessionError::Render(failure(
-                        format!(
-                            "tile of frame {frame} came out {}x{} but should be {}x{}; Blender rounded the border differently than expected",
-                            got.0, got.1, tile.size.0, tile.size.1
-                        ),
-                        self.log_tail(),
-                    )));
-                }
-            }
+            let passes = if req.tile.is_some() {
+                Vec::new()
+            } else {
+                fresh_passes(&req.out_dir, &reported.passes, started)
+            };
             self.renders += 1;
             progress.frames.fetch_add(1, Ordering::Relaxed);
-            out.push(RenderedFrame { frame, path, ext });
+            out.push(RenderedFrame {
+                frame,
+                path: reported.path,
+                ext,
+                passes,
+            });
+        }
+        if req.tile.is_some() && req.out_dir.join("passes").is_dir() {
+            tracing::info!(
+                job = req.job,
+                "the scene's File Output passes are not kept for tiled jobs"
+            );
         }
         Ok(out)
     }
@@ -269,7 +322,7 @@ impl Session {
         });
     }
 
-    /// Kills Blender at once (it is mid-render, or its job is gone).
+    /// Kills Blender at once (it is mid-render, failed, or its job is gone).
     fn kill(mut self, why: &str) {
         tracing::info!(
             job = self.job,
@@ -283,17 +336,46 @@ impl Session {
     }
 }
 
-/// Renders in warm Blender sessions, one per slot.
+/// The passes a render reported that are real files in the task's passes
+/// folder, written by this render, with names safe to use anywhere.
+fn fresh_passes(
+    out_dir: &Path,
+    reported: &[(String, PathBuf)],
+    started: std::time::SystemTime,
+) -> Vec<PassFile> {
+    let root = out_dir.join("passes");
+    reported
+        .iter()
+        .filter(|(name, path)| {
+            let ok = crate::passes::check_name(name).is_ok()
+                && *path == root.join(name)
+                && verify::fresh(path, started);
+            if !ok {
+                tracing::warn!(pass = %name, "extra output left out: not a fresh file of this render");
+            }
+            ok
+        })
+        .map(|(name, path)| PassFile {
+            name: name.clone(),
+            path: path.clone(),
+        })
+        .collect()
+}
+
+/// Renders in Blender sessions, one per slot.
 pub struct SessionRenderer {
-    blender: PathBuf,
+    config: SessionConfig,
     script: PathBuf,
+    /// Slots whose first session has started (for `fail_first_render`).
+    first_started: Mutex<HashSet<u32>>,
     slots: Arc<Mutex<HashMap<u32, Session>>>,
 }
 
 impl SessionRenderer {
-    /// A renderer whose sessions close after `idle` without work. The session
-    /// script is written to `dir`. Must be called inside a Tokio runtime.
-    pub fn new(blender: PathBuf, dir: &Path, idle: Duration) -> Result<Self, Error> {
+    /// A renderer run as `config` says. The session script is written to
+    /// `config.dir`. Must be called inside a Tokio runtime.
+    pub fn new(config: SessionConfig) -> Result<Self, Error> {
+        let dir = &config.dir;
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;
         let script = dir.join("tessera_session.py");
@@ -301,6 +383,7 @@ impl SessionRenderer {
             .map_err(|e| Error::io(format!("cannot write {}", script.display()), e))?;
         let slots: Arc<Mutex<HashMap<u32, Session>>> = Arc::default();
         let weak = Arc::downgrade(&slots);
+        let idle = config.idle;
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(500).min(idle));
             loop {
@@ -321,8 +404,9 @@ impl SessionRenderer {
             }
         });
         Ok(Self {
-            blender,
+            config,
             script,
+            first_started: Mutex::default(),
             slots,
         })
     }
@@ -333,14 +417,21 @@ impl SessionRenderer {
         req: &RenderRequest,
         stop: &mut watch::Receiver<bool>,
     ) -> Result<Session, RenderFailure> {
-        let (reader, writer) = std::io::pipe().map_err(|e| {
-            failure(
-                format!("cannot create a pipe for Blender: {e}"),
-                String::new(),
-            )
-        })?;
-        let mut cmd = Command::new(&self.blender);
-        cmd.arg("-b")
+        let blender = &self.config.blender;
+        let disk = |what: String| failure(Kind::WorkerDisk, what, "", String::new());
+        let tmp = self
+            .config
+            .dir
+            .join("blender-tmp")
+            .join(req.slot.to_string());
+        std::fs::create_dir_all(&tmp)
+            .map_err(|e| disk(format!("cannot create {}: {e}", tmp.display())))?;
+        let (reader, writer) =
+            std::io::pipe().map_err(|e| disk(format!("cannot create a pipe for Blender: {e}")))?;
+        let fail_renders =
+            self.config.fail_first_render && self.first_started.lock().unwrap().insert(req.slot);
+        let mut cmd = Command::new(blender);
+        cmd.args(crate::isolation::BLENDER_FLAGS)
             .arg(&req.scene)
             .args(["--python-exit-code", "3", "--python"])
             .arg(&self.script)
@@ -351,6 +442,9 @@ impl SessionRenderer {
                 "--cycles-device",
                 req.device.cycles_name(),
             ])
+            .args(fail_renders.then_some("--fail-first-render"))
+            .env_clear()
+            .envs(crate::isolation::blender_env(std::env::vars_os(), &tmp))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -363,7 +457,9 @@ impl SessionRenderer {
         let started = Instant::now();
         let mut child = cmd.spawn().map_err(|e| {
             failure(
-                format!("cannot start Blender `{}`: {e}", self.blender.display()),
+                Kind::WorkerDisk,
+                format!("cannot start Blender `{}`: {e}", blender.display()),
+                "",
                 String::new(),
             )
         })?;
@@ -411,13 +507,13 @@ impl SessionRenderer {
                     None => {
                         // Let the last lines of output arrive before reporting.
                         tokio::time::sleep(Duration::from_millis(100)).await;
-                        session.drain_lines();
-                        let errors: Vec<String> = session.tail.iter().filter(|l| is_error_line(l) || is_python_exception(l)).cloned().collect();
-                        let mut reason = format!("{} while loading the scene", session.exit_reason().await);
-                        if let Some(e) = summarize(&errors) {
-                            reason = format!("{reason}: {e}");
+                        let mut printed = Printed::default();
+                        for l in &session.tail {
+                            printed.note(l);
                         }
-                        return Err(failure(reason, session.log_tail()));
+                        session.drain_lines(Some(&mut printed));
+                        let what = format!("{} while loading the scene", session.exit_reason().await);
+                        return Err(session.crashed(what, &printed.all()));
                     }
                 },
                 line = session.lines.recv() => if let Some(line) = line { session.push_line(line) },
@@ -428,47 +524,30 @@ impl SessionRenderer {
                     }
                 }
                 _ = tokio::time::sleep_until(deadline) => {
-                    let tail = session.log_tail();
+                    let what = format!("Blender did not load the scene within {READY_TIMEOUT:?}");
+                    let f = session.crashed(what, &[]);
                     session.kill("too slow to load");
-                    return Err(failure(format!("Blender did not load the scene within {READY_TIMEOUT:?}"), tail));
+                    return Err(f);
                 }
             }
         };
         // Output printed before the answer may still be in its pipe.
         tokio::time::sleep(Duration::from_millis(50)).await;
-        session.drain_lines();
-        let mut load_errors: Vec<String> = session
-            .tail
-            .iter()
-            .filter(|l| is_error_line(l))
-            .cloned()
-            .collect();
-        if let Some(e) = session.tail.iter().rev().find(|l| is_python_exception(l)) {
-            if !load_errors.contains(e) {
-                load_errors.push(e.clone());
-            }
+        session.drain_lines(None);
+        let mut printed = Printed::default();
+        for l in &session.tail {
+            printed.note(l);
         }
-        session.load_errors = load_errors;
-        let missing: Vec<String> = ready["missing"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|p| p.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if !missing.is_empty() {
-            let tail = session.log_tail();
-            session.kill("scene has missing files");
-            return Err(RenderFailure::Failed {
-                reason: format!(
-                    "the scene refers to {} file(s) that do not exist, which Blender would silently render without: {}; pack them into the .blend (File > External Data > Pack Resources) and submit again",
-                    missing.len(),
-                    missing.join(", ")
-                ),
-                log_tail: tail,
-                permanent: true,
-            });
+        session.load_errors = printed.all();
+        if let Some(f) = refuse_scene(&ready, &session.log_tail()) {
+            session.kill("the scene cannot be rendered here");
+            return Err(f);
+        }
+        if let Some(skipped) = ready["scripts_skipped"].as_str() {
+            tracing::warn!(
+                job = req.job,
+                "the scene's stored Python was not run (workers run Blender with --disable-autoexec): {skipped}"
+            );
         }
         tracing::info!(
             job = req.job,
@@ -479,6 +558,50 @@ impl SessionRenderer {
         );
         Ok(session)
     }
+}
+
+/// Why a loaded scene must not be rendered on any worker, from the session's
+/// `ready` answer: it reads files outside the job, or a newer Blender saved it.
+fn refuse_scene(ready: &Value, log_tail: &str) -> Option<RenderFailure> {
+    let outside: Vec<String> = ready["outside"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| {
+                    let path = f["path"].as_str()?;
+                    Some(if f["missing"].as_bool().unwrap_or(false) {
+                        format!("{path} (missing here too)")
+                    } else {
+                        path.to_string()
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if !outside.is_empty() {
+        return Some(failure(
+            Kind::OutsideFiles,
+            format!(
+                "the scene refers to {} file(s) outside the job, which workers do not read from their own disks: {}",
+                outside.len(),
+                outside.join(", ")
+            ),
+            "",
+            log_tail.to_string(),
+        ));
+    }
+    if let Some(newer) = ready["newer"].as_str() {
+        return Some(failure(
+            Kind::NewerBlender,
+            format!(
+                "the scene was saved by Blender {newer}, newer than this worker's Blender {}",
+                ready["blender"].as_str().unwrap_or("?")
+            ),
+            "",
+            log_tail.to_string(),
+        ));
+    }
+    None
 }
 
 impl Renderer for SessionRenderer {
@@ -514,19 +637,18 @@ impl Renderer for SessionRenderer {
             Ok(frames) => {
                 tracing::info!(job = req.job, slot = req.slot, pid, frames = ?req.frames, "rendered in warm session");
                 session.last_used = Instant::now();
-                self.slots.lock().unwrap().insert(req.slot, session);
+                if self.config.reuse {
+                    self.slots.lock().unwrap().insert(req.slot, session);
+                } else {
+                    session.close("one Blender per task (--fresh-process)");
+                }
                 Ok(frames)
             }
-            Err(SessionError::Render(f)) => {
-                session.last_used = Instant::now();
-                self.slots.lock().unwrap().insert(req.slot, session);
-                Err(f)
-            }
-            Err(SessionError::Broken(f)) => {
+            Err(f) => {
                 session.kill(if matches!(f, RenderFailure::Stopped) {
                     "render stopped"
                 } else {
-                    "session broken"
+                    "its render failed, and a failed session is never reused"
                 });
                 Err(f)
             }
@@ -550,5 +672,63 @@ impl Renderer for SessionRenderer {
         for s in ended {
             s.kill("its job ended");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::failure::Scope;
+
+    fn scope(f: Option<RenderFailure>) -> Option<Scope> {
+        match f? {
+            RenderFailure::Failed { scope, .. } => Some(scope),
+            RenderFailure::Stopped => None,
+        }
+    }
+
+    #[test]
+    fn scenes_reading_outside_files_or_from_a_newer_blender_are_refused_everywhere() {
+        let ready = json!({"event": "ready", "outside": [
+            {"path": "/mnt/tex/wood.png", "missing": false},
+            {"path": "/gone.png", "missing": true}
+        ], "newer": null});
+        let f = refuse_scene(&ready, "").unwrap();
+        let RenderFailure::Failed { reason, .. } = &f else {
+            panic!("{f:?}")
+        };
+        assert!(
+            reason.contains("/mnt/tex/wood.png, /gone.png (missing here too)"),
+            "{reason}"
+        );
+        assert_eq!(scope(Some(f)), Some(Scope::Everywhere));
+        let newer = json!({"outside": [], "newer": "4.2.0", "blender": "3.4.1"});
+        assert_eq!(scope(refuse_scene(&newer, "")), Some(Scope::Everywhere));
+        let fine = json!({"outside": [], "newer": null});
+        assert!(refuse_scene(&fine, "").is_none());
+    }
+
+    #[test]
+    fn only_fresh_passes_with_safe_names_in_the_passes_folder_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("passes");
+        std::fs::create_dir_all(root.join("n")).unwrap();
+        let started = verify::mark_start(dir.path(), 1).unwrap();
+        std::fs::write(root.join("n/Image0001.png"), b"png").unwrap();
+        let got = fresh_passes(
+            dir.path(),
+            &[
+                ("n/Image0001.png".into(), root.join("n/Image0001.png")),
+                (
+                    "../frame_0001.png".into(),
+                    dir.path().join("frame_0001.png"),
+                ),
+                ("n/missing.png".into(), root.join("n/missing.png")),
+                ("n/x.png".into(), PathBuf::from("/etc/hostname")),
+            ],
+            started,
+        );
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].name, "n/Image0001.png");
     }
 }

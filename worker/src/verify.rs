@@ -1,0 +1,280 @@
+//! Whether a frame is one Blender really rendered for this task.
+//!
+//! A render that "finished" proves nothing: after some failures Blender's next
+//! render in the same process returns at once with a black frame (measured
+//! with Blender 3.4.1: `RenderTime 00:00.00` in its PNG metadata, and no
+//! `Sample N/M` line at all). Render-time metadata cannot tell that apart from
+//! a real render, because a warm render of a small scene also reports
+//! `00:00.00` at that precision; Cycles' sample count can. So a frame counts
+//! only when
+//! - it lies in the task's folder and was written after this render began
+//!   (its mtime is not older than a marker the worker wrote just before
+//!   sending the command: both come from the same kernel clock),
+//! - it measures what the scene renders (resolution times percentage) or, for
+//!   a tile, exactly the tile's size,
+//! - and, for Cycles, Blender printed at least one finished sample.
+
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use serde_json::Value;
+
+/// Name of the marker file written before each render command.
+pub const MARKER: &str = ".tessera-render-started";
+
+/// What the session reported for one rendered frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reported {
+    /// The image file.
+    pub path: PathBuf,
+    /// Its size as the session read it.
+    pub size: (u32, u32),
+    /// The size the scene renders, as the session computed it.
+    pub expected: (u32, u32),
+    /// The render engine (`CYCLES`, `BLENDER_EEVEE`, ...).
+    pub engine: String,
+    /// Most samples Cycles said it finished; None when it said nothing.
+    pub samples_done: Option<u32>,
+    /// Whether the session counted samples at all.
+    pub counted: bool,
+    /// Extra outputs: (name relative to the passes folder, file).
+    pub passes: Vec<(String, PathBuf)>,
+}
+
+impl Reported {
+    /// Reads a session's `done` answer.
+    pub fn from_reply(v: &Value) -> Self {
+        let pair = |k: &str| -> (u32, u32) {
+            let n = |i: usize| v[k][i].as_u64().unwrap_or(0).min(u64::from(u32::MAX)) as u32;
+            (n(0), n(1))
+        };
+        Self {
+            path: PathBuf::from(v["path"].as_str().unwrap_or_default()),
+            size: (
+                v["width"].as_u64().unwrap_or(0) as u32,
+                v["height"].as_u64().unwrap_or(0) as u32,
+            ),
+            expected: pair("expected"),
+            engine: v["engine"].as_str().unwrap_or_default().to_string(),
+            samples_done: v["samples_done"].as_u64().map(|n| n as u32),
+            counted: v["counted"].as_bool().unwrap_or(false),
+            passes: v["passes"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|p| {
+                            Some((
+                                p["name"].as_str()?.to_string(),
+                                PathBuf::from(p["path"].as_str()?),
+                            ))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// What the worker found on disk for a reported frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    /// The file is a regular, non-empty file inside the task's folder.
+    pub in_task_folder: bool,
+    /// Its size in bytes (0 when missing).
+    pub bytes: u64,
+    /// It was written after the render began.
+    pub fresh: bool,
+    /// Its pixel size read from its header, where the worker can read it.
+    pub size: Option<(u32, u32)>,
+}
+
+/// Looks at the reported file: where it is, how large, how fresh.
+pub fn inspect(out_dir: &Path, path: &Path, started: SystemTime) -> Found {
+    let meta = std::fs::symlink_metadata(path).ok().filter(|m| m.is_file());
+    let inside = path.starts_with(out_dir)
+        && path
+            .components()
+            .all(|c| !matches!(c, std::path::Component::ParentDir));
+    Found {
+        in_task_folder: inside && meta.is_some(),
+        bytes: meta.as_ref().map_or(0, |m| m.len()),
+        fresh: fresh(path, started),
+        size: crate::image_size::image_size(path).ok(),
+    }
+}
+
+/// Whether `path` is a regular file written at or after `started`.
+pub fn fresh(path: &Path, started: SystemTime) -> bool {
+    std::fs::symlink_metadata(path)
+        .ok()
+        .filter(|m| m.is_file())
+        .and_then(|m| m.modified().ok())
+        .is_some_and(|t| t >= started)
+}
+
+/// Writes the marker and returns its modification time, the instant a render
+/// began on the file system's own clock.
+pub fn mark_start(out_dir: &Path, frame: u32) -> std::io::Result<SystemTime> {
+    let marker = out_dir.join(MARKER);
+    std::fs::write(&marker, format!("frame {frame}\n"))?;
+    std::fs::metadata(&marker)?.modified()
+}
+
+/// The size a frame must have: the tile's when rendering a tile, else what
+/// the scene renders.
+pub fn expected_size(reported: &Reported, tile: Option<(u32, u32)>) -> (u32, u32) {
+    tile.unwrap_or(reported.expected)
+}
+
+/// Judges one frame; `Err` says, in a line, why it is not trusted.
+pub fn judge(
+    frame: u32,
+    reported: &Reported,
+    found: &Found,
+    expected: (u32, u32),
+) -> Result<(), String> {
+    let shown = reported.path.display();
+    if !found.in_task_folder {
+        return Err(format!(
+            "Blender reported `{shown}` for frame {frame}, which is not a file in the task's folder"
+        ));
+    }
+    if found.bytes == 0 {
+        return Err(format!("Blender wrote an empty image for frame {frame}"));
+    }
+    if !found.fresh {
+        return Err(format!(
+            "`{shown}` is older than the render of frame {frame}: Blender did not write it this time"
+        ));
+    }
+    let size = found.size.unwrap_or(reported.size);
+    if size != expected || expected.0 == 0 || expected.1 == 0 {
+        return Err(format!(
+            "frame {frame} came out {}x{} but should be {}x{}",
+            size.0, size.1, expected.0, expected.1
+        ));
+    }
+    if reported.engine == "CYCLES" && reported.counted && reported.samples_done.unwrap_or(0) == 0 {
+        return Err(format!(
+            "Blender finished frame {frame} without rendering a single sample (Cycles printed no \
+             `Sample N/M`): the image is not a real render"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn good() -> (Reported, Found) {
+        (
+            Reported {
+                path: "/w/1/frame_0001.png".into(),
+                size: (64, 48),
+                expected: (64, 48),
+                engine: "CYCLES".into(),
+                samples_done: Some(8),
+                counted: true,
+                passes: vec![],
+            },
+            Found {
+                in_task_folder: true,
+                bytes: 900,
+                fresh: true,
+                size: Some((64, 48)),
+            },
+        )
+    }
+
+    #[test]
+    fn a_real_render_passes() {
+        let (r, f) = good();
+        assert_eq!(judge(1, &r, &f, (64, 48)), Ok(()));
+    }
+
+    #[test]
+    fn a_render_without_samples_is_refused() {
+        let (mut r, f) = good();
+        r.samples_done = None;
+        let e = judge(1, &r, &f, (64, 48)).unwrap_err();
+        assert!(e.contains("without rendering a single sample"), "{e}");
+        r.samples_done = Some(0);
+        assert!(judge(1, &r, &f, (64, 48)).is_err());
+        // Other engines print no Cycles samples.
+        r.engine = "BLENDER_EEVEE".into();
+        assert_eq!(judge(1, &r, &f, (64, 48)), Ok(()));
+    }
+
+    #[test]
+    fn stale_misplaced_empty_or_wrongly_sized_frames_are_refused() {
+        let (r, f) = good();
+        let stale = Found {
+            fresh: false,
+            ..f.clone()
+        };
+        assert!(judge(1, &r, &stale, (64, 48))
+            .unwrap_err()
+            .contains("older than the render"));
+        let elsewhere = Found {
+            in_task_folder: false,
+            ..f.clone()
+        };
+        assert!(judge(1, &r, &elsewhere, (64, 48)).is_err());
+        let empty = Found {
+            bytes: 0,
+            ..f.clone()
+        };
+        assert!(judge(1, &r, &empty, (64, 48)).is_err());
+        let e = judge(1, &r, &f, (32, 24)).unwrap_err();
+        assert!(e.contains("64x48 but should be 32x24"), "{e}");
+        // Without a header the worker can read, the session's reading counts.
+        let unreadable = Found {
+            size: None,
+            ..f.clone()
+        };
+        let mut small = r.clone();
+        small.size = (10, 10);
+        assert!(judge(1, &small, &unreadable, (64, 48)).is_err());
+    }
+
+    #[test]
+    fn freshness_is_read_from_the_file_system() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join("frame_0001.png");
+        std::fs::write(&old, b"old").unwrap();
+        let t = SystemTime::now() - std::time::Duration::from_secs(60);
+        std::fs::File::options()
+            .write(true)
+            .open(&old)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+        let started = mark_start(dir.path(), 1).unwrap();
+        assert!(!inspect(dir.path(), &old, started).fresh);
+        let new = dir.path().join("frame_0002.png");
+        std::fs::write(&new, b"new").unwrap();
+        let found = inspect(dir.path(), &new, started);
+        assert!(found.fresh && found.in_task_folder && found.bytes == 3);
+        let outside = inspect(dir.path(), Path::new("/etc/hostname"), started);
+        assert!(!outside.in_task_folder);
+        let expected = expected_size(&good().0, Some((5, 6)));
+        assert_eq!(expected, (5, 6));
+    }
+
+    #[test]
+    fn replies_are_read() {
+        let v = serde_json::json!({
+            "event": "done", "path": "/w/frame_0001.png", "width": 64, "height": 48,
+            "expected": [64, 48], "engine": "CYCLES", "samples_done": 8, "samples_total": 8,
+            "counted": true,
+            "passes": [{"name": "File Output/Image0001.png", "path": "/w/passes/File Output/Image0001.png"}]
+        });
+        let r = Reported::from_reply(&v);
+        assert_eq!(r.expected, (64, 48));
+        assert_eq!(r.samples_done, Some(8));
+        assert_eq!(r.passes.len(), 1);
+        let v = serde_json::json!({"samples_done": null, "counted": true});
+        assert_eq!(Reported::from_reply(&v).samples_done, None);
+    }
+}
