@@ -49,6 +49,12 @@ def parse_args():
     p.add_argument("--no-progress", action="store_true",
                    help="do not tee stdout to parse 'Sample N/M' (no progress events, and no "
                         "sample count to prove that a render really ran)")
+    p.add_argument("--job-root", default=None,
+                   help="the job's root folder (a file set materialised by the worker): the "
+                        "scene may read files under it and nowhere else")
+    p.add_argument("--mappings", default=None,
+                   help="a JSON file {absolute path as the scene wrote it: the same file "
+                        "under --job-root}; those references are rewritten at load")
     p.add_argument("--fail-first-render", action="store_true",
                    help="TESTS ONLY: the first render fails as a crashing GPU driver would, and "
                         "so does every later render in this process")
@@ -255,7 +261,7 @@ def _abs(path, library=None):
     return os.path.normpath(bpy.path.abspath(path, library=library))
 
 
-def outside_files():
+def outside_files(root=None):
     """Every external file the scene would read from this machine's disk.
 
     The job is the .blend alone (packed data inside it), so any file it refers
@@ -271,6 +277,8 @@ def outside_files():
         if not path:
             return
         p = os.path.normpath(path)
+        if root is not None and (p == root or p.startswith(root + os.sep)):
+            return  # part of the job's file set
         if p not in seen:
             seen.add(p)
             found.append({"path": p, "missing": not os.path.exists(p)})
@@ -611,6 +619,24 @@ def use_gpu(kind):
         scene.cycles.device = "GPU"
 
 
+def remap_into_root(args):
+    """Rewrites the scene's absolute references into the job root (remap.py,
+    written beside this script by the worker). Returns the root and what could
+    not be remapped."""
+    if not args.job_root:
+        return None, []
+    root = os.path.normpath(os.path.abspath(args.job_root))
+    mapping = {}
+    if args.mappings:
+        with open(args.mappings, encoding="utf-8") as f:
+            mapping = json.load(f)
+    if not mapping:
+        return root, []
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import remap  # noqa: E402 (beside this script, with deps.py)
+    return root, remap.remap(root, mapping)
+
+
 def main():
     args = parse_args()
     if args.cycles_device in ("CUDA", "OPTIX"):
@@ -618,10 +644,12 @@ def main():
     replier = Replier(args.reply_fd)
     tee = None if args.no_progress else StdoutTee(replier)
     try:
+        root, problems = remap_into_root(args)
         session = Session(replier, tee, fail_renders=args.fail_first_render)
         skipped = bpy.app.autoexec_fail_message if bpy.app.autoexec_fail else None
+        outside = outside_files(root) + [{"path": p, "missing": False} for p in problems]
         replier.send({"event": "ready", "pid": os.getpid(), "blender": bpy.app.version_string,
-                      "outside": outside_files(), "newer": newer_file(),
+                      "outside": outside, "newer": newer_file(),
                       "scripts_skipped": skipped or None,
                       "engine": session.scene.render.engine})
         session.serve(sys.stdin)

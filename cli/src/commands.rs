@@ -449,6 +449,7 @@ async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
         threads: args.threads.or(Some((cores / slots).max(1))),
         hardware,
         tags: args.tag.clone(),
+        cache_max_bytes: (args.cache_max_gib.max(0.0) * (1u64 << 30) as f64) as u64,
         grace: grace(args.grace)?,
         fail_first_render: args.fail_first_render,
     };
@@ -555,7 +556,11 @@ pub async fn prepare(job: &JobArgs) -> Result<Prepared> {
         frames,
         facts,
         layout,
-        features: fileset::features(&trace),
+        features: if job.ignore_scene_features {
+            Vec::new()
+        } else {
+            fileset::features(&trace)
+        },
         saved_with: trace.saved_with.clone(),
     })
 }
@@ -585,11 +590,11 @@ async fn warn_if_newer(c: &mut Client, saved_with: &str) {
 
 /// Hashes the scene's files and uploads those the coordinator lacks; returns
 /// the scene's digest, the file set's digest (None for a self-contained
-/// scene) and the bytes sent.
+/// scene), and the bytes and files sent.
 async fn upload_files(
     c: &mut Client,
     layout: &fileset::Layout,
-) -> Result<(String, Option<String>, u64)> {
+) -> Result<(String, Option<String>, u64, usize)> {
     let mut cache = fileset::HashCache::load();
     let entries = fileset::hash_all(layout, &mut cache, false).await?;
     cache.save();
@@ -603,20 +608,19 @@ async fn upload_files(
     let mut digests: Vec<String> = entries.iter().map(|e| e.digest.clone()).collect();
     digests.extend(manifest_digest.clone());
     let lacking = fileset::missing(c, digests).await?;
-    let mut sent = fileset::upload(c, layout, &entries, &lacking, false).await?;
+    let (sent, count) = fileset::upload(c, layout, &entries, &lacking, false).await?;
     if let (Some(m), Some(d)) = (manifest, &manifest_digest) {
         if lacking.contains(d) {
             c.put_bytes(d, m).await?;
-            sent += 1;
         }
     }
-    Ok((scene, manifest_digest, sent))
+    Ok((scene, manifest_digest, sent, count))
 }
 
 /// Uploads and submits; returns the job id.
 pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Result<u64> {
     warn_if_newer(c, &prepared.saved_with).await;
-    let (digest, file_set, sent) = upload_files(c, &prepared.layout).await?;
+    let (digest, file_set, sent, count) = upload_files(c, &prepared.layout).await?;
     let files = prepared.layout.files.len();
     match (sent, files) {
         (0, 1) => eprintln!("scene already on the coordinator; 0 bytes uploaded"),
@@ -625,7 +629,9 @@ pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Re
             n - 1
         ),
         (b, 1) => eprintln!("uploaded scene: {b} bytes"),
-        (b, n) => eprintln!("uploaded the scene and its {} file(s): {b} bytes", n - 1),
+        (b, n) => {
+            eprintln!("uploaded {count} of {n} file(s) (the scene and what it uses): {b} bytes")
+        }
     }
     let name = job
         .scene

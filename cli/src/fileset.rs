@@ -559,14 +559,14 @@ pub async fn missing(
 }
 
 /// Uploads the files of `layout` whose digests are in `lacking`, in
-/// parallel with a progress bar; returns the bytes sent.
+/// parallel with a progress bar; returns the bytes and files sent.
 pub async fn upload(
     c: &mut Client,
     layout: &Layout,
     entries: &[pb::FileEntry],
     lacking: &std::collections::HashSet<String>,
     quiet: bool,
-) -> Result<u64> {
+) -> Result<(u64, usize)> {
     let mut seen = std::collections::HashSet::new();
     let todo: Vec<(PathBuf, String, u64)> = layout
         .files
@@ -576,6 +576,7 @@ pub async fn upload(
         .map(|((_, p), e)| (p.clone(), e.digest.clone(), e.size))
         .collect();
     let total: u64 = todo.iter().map(|t| t.2).sum();
+    let count = todo.len();
     let bar = bytes_bar(total, "uploading", quiet || todo.is_empty());
     let blobs = c.blobs.clone();
     let results = futures_lite_map(todo, 4, |(path, digest, size)| {
@@ -601,7 +602,7 @@ pub async fn upload(
             }
         }
     }
-    Ok(sent)
+    Ok((sent, count))
 }
 
 /// The Blender features a traced scene needs (see the coordinator's

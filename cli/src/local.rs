@@ -27,12 +27,12 @@ pub async fn render(args: RenderArgs) -> Result<()> {
     let lacking = frames.lacking(&features);
     if !lacking.is_empty() {
         anyhow::bail!(
-            "this machine's Blender lacks {}, which the scene uses{}; change the scene, or submit it to a farm whose workers' Blender has it",
+            "this machine's Blender lacks {}, which the scene uses{}, or submit it to a farm whose workers' Blender has it",
             lacking.join(" and "),
             if lacking.iter().any(|f| f == "OpenImageDenoise") {
-                " (denoising is on): turn off Render Properties > Sampling > Denoise"
+                " (denoising is on): turn off denoising (Render Properties > Sampling > Denoise)"
             } else {
-                ""
+                ": change the scene"
             }
         );
     }
@@ -94,6 +94,7 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         threads: args.threads.or(Some((cores / slots).max(1))),
         hardware: Default::default(),
         tags: Vec::new(),
+        cache_max_bytes: 50 << 30,
         grace: std::time::Duration::ZERO,
         fail_first_render: false,
     };

@@ -208,6 +208,10 @@ struct WorkerArgs {
     /// Scene cache directory.
     #[arg(long, default_value = "tessera-cache")]
     cache: PathBuf,
+    /// Most GiB of job files (textures, libraries, caches) kept in the cache;
+    /// the least recently used go first, never those of a task in progress.
+    #[arg(long, default_value_t = 50.0)]
+    cache_max_gib: f64,
     /// Concurrent render slots.
     #[arg(long, default_value_t = 1)]
     slots: u32,
@@ -292,6 +296,11 @@ struct JobArgs {
     /// records them, and `status` shows them.
     #[arg(long)]
     allow_missing: bool,
+    /// Submit without the Blender features read from the scene (denoiser,
+    /// Eevee): instead of waiting for a worker that has them, the job goes to
+    /// any worker, and one that lacks them fails the job with Blender's words.
+    #[arg(long)]
+    ignore_scene_features: bool,
 }
 
 #[derive(Args, Debug)]

@@ -44,6 +44,25 @@ fn a_scene_with_denoising_fails_once_with_the_fix_and_writes_no_frame() {
     let a = worker(&coord.url, dir.path(), "a");
     let b = worker(&coord.url, dir.path(), "b");
     let out = dir.path().join("out");
+    // Read from the scene, denoising makes the job wait for a worker whose
+    // Blender has OpenImageDenoise, and says so.
+    let waiting = submit(&coord.url, &scene, &["--frames", "1"]);
+    let st = wait_for(
+        &coord.url,
+        waiting,
+        Duration::from_secs(60),
+        "the reason it waits",
+        |s| {
+            s["waiting"]
+                .as_str()
+                .unwrap_or("")
+                .contains("a Blender with OpenImageDenoise")
+        },
+    );
+    assert_eq!(st["state"], "queued", "{st:#}");
+    cli_ok(&coord.url, &["cancel", &waiting.to_string()]);
+    // Submitted without what the scene needs, it reaches a worker, whose
+    // Blender fails it once for every worker, in Blender's words.
     let submitted = cli(
         &coord.url,
         &[
@@ -51,6 +70,7 @@ fn a_scene_with_denoising_fails_once_with_the_fix_and_writes_no_frame() {
             scene.to_str().unwrap(),
             "--frames",
             "1",
+            "--ignore-scene-features",
             "-o",
             out.to_str().unwrap(),
         ],
@@ -85,7 +105,8 @@ fn a_scene_with_denoising_fails_once_with_the_fix_and_writes_no_frame() {
         .count();
     assert_eq!(tried, 1, "a:\n{}\nb:\n{}", a.log(), b.log());
 
-    // The same scene with `tessera render`, the embedded farm.
+    // The same scene with `tessera render`, the embedded farm: its only
+    // workers lack the denoiser, so it refuses before rendering anything.
     let local = dir.path().join("local");
     let out = std::process::Command::new(tessera())
         .args(["render", scene.to_str().unwrap(), "--frames", "1"])
@@ -95,7 +116,7 @@ fn a_scene_with_denoising_fails_once_with_the_fix_and_writes_no_frame() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(
-        stderr.contains(DENOISE_FIX) && stderr.contains("cannot be rendered anywhere"),
+        stderr.contains(DENOISE_FIX) && stderr.contains("lacks OpenImageDenoise"),
         "{stderr}"
     );
     assert!(frame_files(&local).is_empty(), "no frame file is written");
@@ -233,7 +254,12 @@ fn a_texture_outside_the_job_is_not_read_and_fails_the_job_naming_it() {
     ]);
     let coord = Coordinator::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
     let _w = worker(&coord.url, dir.path(), "a");
-    let job = submit(&coord.url, &scene, &["--frames", "1"]);
+    // The texture is not there when the job is submitted (so it is not in
+    // the job's file set), but it is on the worker's disk when it renders.
+    let away = texture.with_extension("away");
+    std::fs::rename(&texture, &away).unwrap();
+    let job = submit(&coord.url, &scene, &["--frames", "1", "--allow-missing"]);
+    std::fs::rename(&away, &texture).unwrap();
     let failed = wait_for(&coord.url, job, LONG, "the job to end", |j| {
         j["state"] == "failed" || j["state"] == "done"
     });
@@ -242,7 +268,7 @@ fn a_texture_outside_the_job_is_not_read_and_fails_the_job_naming_it() {
     assert!(
         message.contains(texture.to_str().unwrap())
             && message.contains("outside the job")
-            && message.contains("Pack Resources")
+            && message.contains("submit again")
             && message.contains("cannot be rendered anywhere"),
         "{message}"
     );

@@ -48,6 +48,8 @@ pub struct WorkerConfig {
     pub hardware: HardwareConfig,
     /// Tags jobs can require.
     pub tags: Vec<String>,
+    /// Most bytes of job files kept in the cache (least recently used go first).
+    pub cache_max_bytes: u64,
     /// How long renders in flight may run on after a shutdown signal before
     /// they are released to other workers.
     pub grace: Duration,
@@ -188,6 +190,8 @@ struct Shared<R> {
     changed: std::sync::Mutex<Vec<u32>>,
     renderer: R,
     cache: SceneCache,
+    /// Files of jobs with file sets, and the roots built from them.
+    files: Arc<crate::fileset::FileCache>,
     channel: Conn,
     worker_id: RwLock<String>,
     ttl_ms: AtomicU32,
@@ -202,11 +206,14 @@ pub async fn run<R: Renderer>(
 ) -> Result<(), Error> {
     let channel = channel(&config.access)?;
     let cache = SceneCache::open(&config.cache)?;
+    let files =
+        crate::fileset::FileCache::open(&config.cache.join("files"), config.cache_max_bytes)?;
     let plans = std::sync::Mutex::new(config.slots.clone());
     let shared = Arc::new(Shared {
         plans,
         changed: std::sync::Mutex::new(Vec::new()),
         cache,
+        files,
         channel,
         renderer,
         worker_id: RwLock::new(String::new()),
@@ -523,7 +530,38 @@ async fn execute<R: Renderer>(
 ) -> Result<Vec<pb::FrameOutput>, RenderFailure> {
     let transfer_failed = |what: String| failure(Kind::Transfer, what, "", String::new());
     let mut blobs = pb::blobs_client::BlobsClient::new(shared.channel.clone());
-    let scene = {
+    // A job with a file set renders from its root, built from the file cache.
+    let root = match task.file_set_digest.as_str() {
+        "" => None,
+        set => {
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                match shared.files.root(set, &mut blobs).await {
+                    Ok(g) => break Some(g),
+                    Err(Error::Rpc(s)) if transient(&s) && attempt < 20 => {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    Err(e @ Error::Io { .. }) => {
+                        return Err(failure(
+                            Kind::WorkerDisk,
+                            format!("cannot build the job's files: {e}"),
+                            "",
+                            String::new(),
+                        ))
+                    }
+                    Err(e) => {
+                        return Err(transfer_failed(format!(
+                            "cannot fetch the job's files: {e}"
+                        )))
+                    }
+                }
+            }
+        }
+    };
+    let scene = if let Some(g) = &root {
+        g.root.scene.clone()
+    } else {
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -568,6 +606,7 @@ async fn execute<R: Renderer>(
         device,
         gpu_uuid,
         scene,
+        root: root.as_ref().map(|g| g.root.clone()),
         frames: task.frames.clone(),
         out_dir,
         threads: shared.config.threads,
@@ -585,7 +624,12 @@ async fn execute<R: Renderer>(
             })
         }),
     };
-    let frames = shared.renderer.render(req, progress, stop).await?;
+    let frames = shared.renderer.render(req, progress, stop).await;
+    drop(root);
+    if let Err(e) = shared.files.evict() {
+        tracing::warn!("cannot trim the file cache: {e}");
+    }
+    let frames = frames?;
     let mut outputs = Vec::with_capacity(frames.len());
     for f in frames {
         let output = upload(&blobs, &f.path, f.frame)

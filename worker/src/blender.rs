@@ -92,6 +92,9 @@ pub struct RenderRequest {
     pub device: Device,
     /// The GPU (UUID) Blender is pinned to, when rendering on one.
     pub gpu_uuid: Option<String>,
+    /// The job's root, when it has a file set: the scene reads files under
+    /// it only, and its absolute references are rewritten into it.
+    pub root: Option<crate::fileset::JobRoot>,
 }
 
 /// Pins a Blender child to one GPU: CUDA and OptiX see only that device.

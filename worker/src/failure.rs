@@ -182,8 +182,9 @@ pub fn classify(kind: Kind, what: &str, words: &str) -> Diagnosis {
         Kind::OutsideFiles => {
             return fixed(
                 Scope::Everywhere,
-                "pack them into the .blend (File > External Data > Pack Resources, and Pack \
-                 Linked Libraries) and submit again",
+                "put them where the scene expects them and submit again with `tessera submit`, \
+                 which sends every file the scene uses with the job (or pack them: File > \
+                 External Data > Pack Resources)",
             )
         }
         Kind::NewerBlender => {
@@ -343,7 +344,7 @@ mod tests {
             "No such file or directory",
         );
         assert_eq!(d.scope, Scope::Everywhere);
-        assert!(d.reason.contains("Pack Resources"), "{}", d.reason);
+        assert!(d.reason.contains("submit again"), "{}", d.reason);
         let d = classify(Kind::Refused, "the coordinator refused: bad", "");
         assert_eq!(d.scope, Scope::Everywhere);
         let d = classify(Kind::NewerBlender, "saved by Blender 4.2", "");

@@ -42,6 +42,10 @@ use crate::verify;
 
 /// The session script, shipped inside the binary so a worker needs no checkout.
 const SCRIPT: &str = include_str!("../../blender/session.py");
+/// Rewrites absolute references into a job root (imported by the session).
+const REMAP: &str = include_str!("../../blender/remap.py");
+/// The reference walk `remap.py` shares with submit-time tracing.
+const DEPS: &str = include_str!("../../blender/deps.py");
 
 /// Lines of Blender's output kept for a failure report.
 const LOG_TAIL_LINES: usize = 80;
@@ -379,8 +383,16 @@ impl SessionRenderer {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;
         let script = dir.join("tessera_session.py");
-        std::fs::write(&script, SCRIPT)
-            .map_err(|e| Error::io(format!("cannot write {}", script.display()), e))?;
+        // remap.py (and deps.py, which it imports) rewrite a file set's
+        // absolute references at load; they sit beside the session script.
+        for (path, text) in [
+            (script.clone(), SCRIPT),
+            (dir.join("remap.py"), REMAP),
+            (dir.join("deps.py"), DEPS),
+        ] {
+            std::fs::write(&path, text)
+                .map_err(|e| Error::io(format!("cannot write {}", path.display()), e))?;
+        }
         let slots: Arc<Mutex<HashMap<u32, Session>>> = Arc::default();
         let weak = Arc::downgrade(&slots);
         let idle = config.idle;
@@ -443,6 +455,7 @@ impl SessionRenderer {
                 req.device.cycles_name(),
             ])
             .args(fail_renders.then_some("--fail-first-render"))
+            .args(root_args(req, &tmp).map_err(disk)?)
             .env_clear()
             .envs(crate::isolation::blender_env(std::env::vars_os(), &tmp))
             .stdin(Stdio::piped())
@@ -558,6 +571,36 @@ impl SessionRenderer {
         );
         Ok(session)
     }
+}
+
+/// `--job-root DIR --mappings FILE` for a job with a file set (the mappings
+/// written as JSON into `tmp`); nothing for a self-contained scene.
+fn root_args(
+    req: &RenderRequest,
+    tmp: &std::path::Path,
+) -> Result<Vec<std::ffi::OsString>, String> {
+    let Some(root) = &req.root else {
+        return Ok(Vec::new());
+    };
+    let map: serde_json::Map<String, Value> = root
+        .mappings
+        .iter()
+        .map(|(from, to)| {
+            (
+                from.clone(),
+                Value::String(to.to_string_lossy().into_owned()),
+            )
+        })
+        .collect();
+    let file = tmp.join("mappings.json");
+    std::fs::write(&file, Value::Object(map).to_string())
+        .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    Ok(vec![
+        "--job-root".into(),
+        root.root.clone().into_os_string(),
+        "--mappings".into(),
+        file.into_os_string(),
+    ])
 }
 
 /// Why a loaded scene must not be rendered on any worker, from the session's

@@ -1,0 +1,224 @@
+//! File sets end to end: scenes that use external files (textures in
+//! subfolders and by absolute path, linked libraries with their own
+//! textures, image sequences, UDIM tiles, 2,000 small files) render on a real
+//! farm pixel for pixel as Blender renders them from the original files;
+//! missing files refuse the submit; unchanged files are not sent again.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use tessera_tests::*;
+
+/// Builds one of `blender/make_asset_scenes.py`'s cases under `dir`; returns the scene.
+fn asset_scene(dir: &Path, case: &str) -> PathBuf {
+    let out = dir.join(case);
+    let result = Command::new(blender())
+        .args([
+            "-b",
+            "--factory-startup",
+            "--python-exit-code",
+            "2",
+            "--python",
+        ])
+        .arg(root().join("blender/make_asset_scenes.py"))
+        .args(["--", "--dir"])
+        .arg(&out)
+        .args(["--case", case])
+        .output()
+        .expect("blender runs");
+    assert!(
+        result.status.success(),
+        "make_asset_scenes.py {case} failed:\n{}",
+        String::from_utf8_lossy(&result.stdout)
+    );
+    let scene = match case {
+        "absolute" => out.join("project/scene.blend"),
+        "library" | "linked-absolute" => out.join("shots/shot.blend"),
+        _ => out.join("scene.blend"),
+    };
+    assert!(scene.is_file(), "{}", scene.display());
+    scene
+}
+
+struct Farm {
+    dir: tempfile::TempDir,
+    coord: Coordinator,
+    _worker: Proc,
+}
+
+fn farm() -> Farm {
+    let dir = scratch();
+    let coord = Coordinator::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
+    let w = worker(&coord.url, dir.path(), "a");
+    Farm {
+        dir,
+        coord,
+        _worker: w,
+    }
+}
+
+/// Submits and waits; returns stderr (which says what was uploaded).
+fn render(f: &Farm, scene: &Path, frames: &str, out: &Path) -> String {
+    let o = cli(
+        &f.coord.url,
+        &[
+            "submit",
+            scene.to_str().unwrap(),
+            "--frames",
+            frames,
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(
+        o.status.success(),
+        "submit {} failed:\n{stderr}",
+        scene.display()
+    );
+    stderr
+}
+
+#[test]
+fn scenes_with_external_files_render_exactly_from_their_file_sets() {
+    let f = farm();
+    let src = f.dir.path().join("src");
+    for (case, start, end) in [
+        ("subfolder", 1, 1),
+        ("absolute", 1, 1),
+        ("library", 1, 1),
+        ("linked-absolute", 1, 1),
+        ("udim", 1, 1),
+        ("sequence", 1, 3),
+    ] {
+        let scene = asset_scene(&src, case);
+        let refs = f.dir.path().join(format!("ref-{case}"));
+        reference(&scene, start, end, &refs);
+        let out = f.dir.path().join(format!("out-{case}"));
+        let stderr = render(&f, &scene, &format!("{start}-{end}"), &out);
+        assert!(
+            stderr.contains("file(s)"),
+            "{case}: a file set travelled: {stderr}"
+        );
+        for frame in start..=end {
+            assert_same_pixels(
+                &out.join(format!("frame_{frame:04}.png")),
+                &refs.join(format!("ref_{frame:04}.png")),
+            );
+        }
+    }
+    // Every job named a file set, and workers read nothing outside it: a
+    // worker refuses scenes that refer to files outside the job.
+    let jobs: serde_json::Value =
+        serde_json::from_str(&cli_ok(&f.coord.url, &["jobs", "--json"])).unwrap();
+    for j in jobs.as_array().unwrap() {
+        assert_eq!(j["state"], "done", "{j:#}");
+        assert_eq!(j["file_set_digest"].as_str().unwrap().len(), 64, "{j:#}");
+    }
+}
+
+#[test]
+fn a_missing_file_refuses_the_submit_unless_allowed_and_then_status_shows_it() {
+    let f = farm();
+    let scene = asset_scene(f.dir.path(), "missing");
+    let o = cli(
+        &f.coord.url,
+        &["submit", scene.to_str().unwrap(), "--frames", "1"],
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("not_there.png") && stderr.contains("//tex/not_there.png"),
+        "names the file and how the scene refers to it: {stderr}"
+    );
+    assert!(stderr.contains("--allow-missing"), "{stderr}");
+    let jobs = cli_ok(&f.coord.url, &["jobs", "--json"]);
+    assert_eq!(jobs.trim(), "[]", "nothing was submitted");
+    let job = submit(&f.coord.url, &scene, &["--frames", "1", "--allow-missing"]);
+    let st = status(&f.coord.url, job);
+    let missing = st["missing_files"].as_array().unwrap();
+    assert_eq!(missing.len(), 1, "{st:#}");
+    assert!(missing[0].as_str().unwrap().contains("not_there.png"));
+    let human = cli_ok(&f.coord.url, &["status", &job.to_string()]);
+    assert!(
+        human.contains("missing") && human.contains("not_there.png"),
+        "{human}"
+    );
+    cli_ok(&f.coord.url, &["cancel", &job.to_string()]);
+}
+
+#[test]
+fn an_unchanged_scene_uploads_nothing_and_a_changed_texture_only_itself() {
+    let f = farm();
+    let scene = asset_scene(f.dir.path(), "subfolder");
+    let out = f.dir.path().join("out1");
+    let first = render(&f, &scene, "1", &out);
+    assert!(first.contains("uploaded 2 of 2 file(s)"), "{first}");
+    let again = render(&f, &scene, "1", &f.dir.path().join("out2"));
+    assert!(again.contains("0 bytes uploaded"), "{again}");
+    // A new texture (another case's, a different image of the same kind).
+    let other = asset_scene(f.dir.path(), "absolute");
+    let texture = scene.parent().unwrap().join("tex/checker.png");
+    let replacement = other
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("elsewhere/wood.png");
+    std::fs::copy(&replacement, &texture).unwrap();
+    let size = std::fs::metadata(&texture).unwrap().len();
+    let changed = render(&f, &scene, "1", &f.dir.path().join("out3"));
+    assert!(
+        changed.contains(&format!(
+            "uploaded 1 of 2 file(s) (the scene and what it uses): {size} bytes"
+        )),
+        "only the texture travels: {changed}"
+    );
+    let refs = f.dir.path().join("refs");
+    reference(&scene, 1, 1, &refs);
+    assert_same_pixels(
+        &f.dir.path().join("out3/frame_0001.png"),
+        &refs.join("ref_0001.png"),
+    );
+}
+
+#[test]
+fn two_thousand_small_files_travel_in_one_file_set() {
+    let f = farm();
+    let scene = asset_scene(f.dir.path(), "many");
+    let deps = cli_ok(&f.coord.url, &["deps", scene.to_str().unwrap(), "--json"]);
+    let deps: serde_json::Value = serde_json::from_str(&deps).unwrap();
+    assert_eq!(
+        deps["files"].as_array().unwrap().len(),
+        2001,
+        "the scene and 2,000 files"
+    );
+    assert!(deps["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|f| f["on_coordinator"] == false));
+    // Files with the same bytes travel once.
+    let distinct: std::collections::HashSet<&str> = deps["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["digest"].as_str().unwrap())
+        .collect();
+    let out = f.dir.path().join("out");
+    let stderr = render(&f, &scene, "2000", &out);
+    assert!(
+        stderr.contains(&format!("uploaded {} of 2001 file(s)", distinct.len())),
+        "{stderr}"
+    );
+    let refs = f.dir.path().join("refs");
+    reference(&scene, 2000, 2000, &refs);
+    assert_same_pixels(&out.join("frame_2000.png"), &refs.join("ref_2000.png"));
+    let deps = cli_ok(&f.coord.url, &["deps", scene.to_str().unwrap(), "--json"]);
+    let deps: serde_json::Value = serde_json::from_str(&deps).unwrap();
+    assert!(deps["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|f| f["on_coordinator"] == true));
+}
