@@ -450,6 +450,16 @@ async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
         hardware,
         tags: args.tag.clone(),
         cache_max_bytes: (args.cache_max_gib.max(0.0) * (1u64 << 30) as f64) as u64,
+        path_map: args
+            .path_map
+            .iter()
+            .map(|m| match m.split_once('=') {
+                Some((from, to)) if from.starts_with('/') && !to.is_empty() => {
+                    Ok((from.to_string(), std::path::PathBuf::from(to)))
+                }
+                _ => bail!("--path-map {m} is not PREFIX=LOCAL; use e.g. --path-map /mnt/projects=/net/projects"),
+            })
+            .collect::<Result<_>>()?,
         grace: grace(args.grace)?,
         fail_first_render: args.fail_first_render,
     };
@@ -544,7 +554,7 @@ pub async fn prepare(job: &JobArgs) -> Result<Prepared> {
         tessera_coordinator::tiles::split(f.width, f.height, grid, u32::MAX)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
-    let layout = fileset::layout(&job.scene, &trace)?;
+    let layout = fileset::layout(&job.scene, &trace, &job.shared)?;
     if !layout.missing.is_empty() && !job.allow_missing {
         bail!(
             "the scene refers to {} file(s) that do not exist:\n  {}\nput them back, fix the paths in Blender, or submit with --allow-missing to render without them",
@@ -605,7 +615,11 @@ async fn upload_files(
     let manifest_digest = manifest
         .as_ref()
         .map(|m| blake3::hash(m).to_hex().to_string());
-    let mut digests: Vec<String> = entries.iter().map(|e| e.digest.clone()).collect();
+    let mut digests: Vec<String> = entries
+        .iter()
+        .filter(|e| e.shared.is_empty())
+        .map(|e| e.digest.clone())
+        .collect();
     digests.extend(manifest_digest.clone());
     let lacking = fileset::missing(c, digests).await?;
     let (sent, count) = fileset::upload(c, layout, &entries, &lacking, false).await?;
@@ -677,7 +691,7 @@ async fn deps(
 ) -> Result<()> {
     client::check_scene(scene)?;
     let trace = fileset::trace_cached(blender, scene).await?;
-    let layout = fileset::layout(scene, &trace)?;
+    let layout = fileset::layout(scene, &trace, &[])?;
     let mut cache = fileset::HashCache::load();
     let entries = fileset::hash_all(&layout, &mut cache, true).await?;
     cache.save();

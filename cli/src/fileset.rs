@@ -261,6 +261,16 @@ pub struct Layout {
     pub mappings: Vec<(String, String)>,
     /// Missing files, each with how the scene refers to it.
     pub missing: Vec<String>,
+    /// Folders on the studio's shared storage (`--shared`): files under them
+    /// are not uploaded; workers reach them through their `--path-map`.
+    pub shared: Vec<PathBuf>,
+}
+
+impl Layout {
+    /// Whether `path` lies on shared storage.
+    pub fn is_shared(&self, path: &Path) -> bool {
+        self.shared.iter().any(|s| path.starts_with(s))
+    }
 }
 
 /// Removes `.` and `..` components without touching the file system
@@ -315,8 +325,9 @@ fn under(root: &Path, p: &Path) -> Result<String> {
     Ok(parts.join("/"))
 }
 
-/// Lays out `scene` and the files of `trace` under one root.
-pub fn layout(scene: &Path, trace: &Trace) -> Result<Layout> {
+/// Lays out `scene` and the files of `trace` under one root; files under
+/// `shared` folders stay on the studio's shared storage.
+pub fn layout(scene: &Path, trace: &Trace, shared: &[PathBuf]) -> Result<Layout> {
     let scene = normalize(&std::path::absolute(scene).context("cannot resolve the scene's path")?);
     let mut files: BTreeMap<PathBuf, ()> = BTreeMap::new();
     let mut missing = Vec::new();
@@ -349,6 +360,17 @@ pub fn layout(scene: &Path, trace: &Trace) -> Result<Layout> {
     out.mappings.sort();
     out.mappings.dedup();
     out.root = root;
+    out.shared = shared
+        .iter()
+        .map(|s| Ok(normalize(&std::path::absolute(s)?)))
+        .collect::<std::io::Result<_>>()
+        .context("cannot resolve a --shared folder")?;
+    if out.is_shared(&scene) {
+        bail!(
+            "the scene {} is itself under a --shared folder; the scene is always uploaded, so copy it elsewhere or drop that --shared",
+            scene.display()
+        );
+    }
     Ok(out)
 }
 
@@ -439,14 +461,26 @@ pub async fn hash_all(
             .get(path)
             .filter(|k| k.size == meta.len() && k.mtime_ns == mtime_ns(&meta) && k.mtime_ns != 0)
             .map(|k| k.digest.clone());
-        if digest.is_none() {
+        if digest.is_none() && !layout.is_shared(path) {
             todo.push((i, path.clone(), meta.len(), mtime_ns(&meta)));
+        }
+        if layout.is_shared(path) {
+            // On shared storage: listed, not hashed or sent.
+            entries.push(pb::FileEntry {
+                path: rel.clone(),
+                digest: String::new(),
+                size: meta.len(),
+                mode,
+                shared: path.to_string_lossy().into_owned(),
+            });
+            continue;
         }
         entries.push(pb::FileEntry {
             path: rel.clone(),
             digest: digest.unwrap_or_default(),
             size: meta.len(),
             mode,
+            shared: String::new(),
         });
     }
     let total: u64 = todo.iter().map(|t| t.2).sum();

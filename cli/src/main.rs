@@ -212,6 +212,11 @@ struct WorkerArgs {
     /// the least recently used go first, never those of a task in progress.
     #[arg(long, default_value_t = 50.0)]
     cache_max_gib: f64,
+    /// Where this worker sees the studio's shared storage, for jobs submitted
+    /// with `--shared`: `--path-map /mnt/projects=/net/projects` (artist's
+    /// path = this machine's; repeatable).
+    #[arg(long)]
+    path_map: Vec<String>,
     /// Concurrent render slots.
     #[arg(long, default_value_t = 1)]
     slots: u32,
@@ -301,6 +306,10 @@ struct JobArgs {
     /// any worker, and one that lacks them fails the job with Blender's words.
     #[arg(long)]
     ignore_scene_features: bool,
+    /// A folder on the studio's shared storage (repeatable): files under it
+    /// are not uploaded; each worker reaches them through its `--path-map`.
+    #[arg(long)]
+    shared: Vec<PathBuf>,
 }
 
 #[derive(Args, Debug)]

@@ -650,6 +650,7 @@ impl Farm {
         let absent: Vec<&str> = set
             .files
             .iter()
+            .filter(|f| f.shared.is_empty())
             .zip(&info.blobs)
             .filter(|(_, b)| !self.blobs.contains(b))
             .map(|(f, _)| f.path.as_str())

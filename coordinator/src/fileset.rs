@@ -24,7 +24,7 @@ pub const MAX_FILES: usize = 1_000_000;
 pub struct FileSetInfo {
     /// The scene's path under the job root.
     pub scene: String,
-    /// Every entry's blob, in order.
+    /// The blob of every entry that is not on shared storage, in order.
     pub blobs: Vec<Digest>,
     /// Files the submitter did not have, with how the scene refers to them.
     pub missing: Vec<String>,
@@ -53,6 +53,20 @@ pub fn check(bytes: &[u8], scene: &Digest) -> Result<(pb::FileSet, FileSetInfo),
                 "the file set lists `{}` twice; list each file once",
                 f.path
             )));
+        }
+        if !f.shared.is_empty() {
+            if f.path == set.scene {
+                return Err(Error::invalid(
+                    "the scene itself cannot be on shared storage in a file set; it is always uploaded",
+                ));
+            }
+            if !f.shared.starts_with('/') && !is_windows_absolute(&f.shared) {
+                return Err(Error::invalid(format!(
+                    "`{}` in the file set is on shared storage but its path `{}` is not absolute",
+                    f.path, f.shared
+                )));
+            }
+            continue;
         }
         let d: Digest = f.digest.parse().map_err(|_| {
             Error::invalid(format!(
@@ -121,6 +135,7 @@ mod tests {
             digest: Digest::of(bytes).to_hex(),
             size: bytes.len() as u64,
             mode: 0o644,
+            shared: String::new(),
         }
     }
 

@@ -222,3 +222,62 @@ fn two_thousand_small_files_travel_in_one_file_set() {
         .iter()
         .all(|f| f["on_coordinator"] == true));
 }
+
+#[test]
+fn files_on_shared_storage_are_not_uploaded_and_workers_read_them_through_their_path_map() {
+    let dir = scratch();
+    let scene = asset_scene(dir.path(), "absolute");
+    let case = scene.parent().unwrap().parent().unwrap();
+    let share = case.join("elsewhere");
+    // The worker sees the studio's share at another path.
+    let mirror = dir.path().join("net/share");
+    std::fs::create_dir_all(&mirror).unwrap();
+    std::fs::copy(share.join("wood.png"), mirror.join("wood.png")).unwrap();
+    let refs = dir.path().join("refs");
+    reference(&scene, 1, 1, &refs);
+    let coord = Coordinator::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
+    let map = format!("{}={}", share.display(), mirror.display());
+    let _w = worker_with(&coord.url, dir.path(), "a", &["--path-map", &map]);
+    let out = dir.path().join("out");
+    let o = cli(
+        &coord.url,
+        &[
+            "submit",
+            scene.to_str().unwrap(),
+            "--frames",
+            "1",
+            "--shared",
+            share.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("uploaded 1 of 2 file(s)"),
+        "only the scene travels: {stderr}"
+    );
+    assert_same_pixels(&out.join("frame_0001.png"), &refs.join("ref_0001.png"));
+
+    // A worker without the mapping cannot render it, and says what to add.
+    let dir2 = scratch();
+    let coord2 = Coordinator::start(&dir2.path().join("data"), "127.0.0.1:0", &[]);
+    let _w2 = worker(&coord2.url, dir2.path(), "b");
+    let job = submit(
+        &coord2.url,
+        &scene,
+        &["--frames", "1", "--shared", share.to_str().unwrap()],
+    );
+    let st = wait_for(
+        &coord2.url,
+        job,
+        std::time::Duration::from_secs(120),
+        "the job to fail",
+        |s| s["state"] == "failed",
+    );
+    assert!(
+        st["message"].as_str().unwrap().contains("--path-map"),
+        "{st:#}"
+    );
+}

@@ -136,7 +136,20 @@ fn a_scene_with_a_missing_texture_fails_naming_the_file() {
     let dir = scratch();
     let coord = Coordinator::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
     let _w = worker(&coord.url, dir.path(), "a");
-    let job = submit(&coord.url, &scene, &["--frames", "1-3"]);
+    // The submit itself refuses, naming the file and how the scene refers to it.
+    let refused = cli(
+        &coord.url,
+        &["submit", scene.to_str().unwrap(), "--frames", "1-3"],
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("/nonexistent/textures/wood_diffuse.png") && stderr.contains("MissingTex"),
+        "{stderr}"
+    );
+    // Submitted anyway, the session is the last line of defence: Blender
+    // would render magenta and exit 0, the worker fails the job instead.
+    let job = submit(&coord.url, &scene, &["--frames", "1-3", "--allow-missing"]);
     let failed = wait_for(&coord.url, job, LONG, "the job to end", |j| {
         j["state"] == "failed" || j["state"] == "done"
     });

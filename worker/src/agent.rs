@@ -50,6 +50,9 @@ pub struct WorkerConfig {
     pub tags: Vec<String>,
     /// Most bytes of job files kept in the cache (least recently used go first).
     pub cache_max_bytes: u64,
+    /// Where this machine sees the studio's shared storage: (artist's
+    /// prefix, local folder), for jobs submitted with `--shared`.
+    pub path_map: Vec<(String, PathBuf)>,
     /// How long renders in flight may run on after a shutdown signal before
     /// they are released to other workers.
     pub grace: Duration,
@@ -206,8 +209,11 @@ pub async fn run<R: Renderer>(
 ) -> Result<(), Error> {
     let channel = channel(&config.access)?;
     let cache = SceneCache::open(&config.cache)?;
-    let files =
-        crate::fileset::FileCache::open(&config.cache.join("files"), config.cache_max_bytes)?;
+    let files = crate::fileset::FileCache::open(
+        &config.cache.join("files"),
+        config.cache_max_bytes,
+        config.path_map.clone(),
+    )?;
     let plans = std::sync::Mutex::new(config.slots.clone());
     let shared = Arc::new(Shared {
         plans,

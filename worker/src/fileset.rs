@@ -35,6 +35,8 @@ pub struct JobRoot {
 pub struct FileCache {
     dir: PathBuf,
     max_bytes: u64,
+    /// (artist's shared-storage prefix, where this machine sees it).
+    path_map: Vec<(String, PathBuf)>,
     /// Roots being rendered from, by file-set digest, with how many tasks use each.
     in_use: Mutex<HashMap<String, u32>>,
     /// One download or build at a time per digest.
@@ -81,8 +83,13 @@ fn io(what: String) -> impl FnOnce(std::io::Error) -> Error {
 }
 
 impl FileCache {
-    /// Opens (creating) the cache under `dir`, bounded to `max_bytes` of blobs.
-    pub fn open(dir: &Path, max_bytes: u64) -> Result<Arc<Self>, Error> {
+    /// Opens (creating) the cache under `dir`, bounded to `max_bytes` of
+    /// blobs; `path_map` says where this machine sees shared storage.
+    pub fn open(
+        dir: &Path,
+        max_bytes: u64,
+        path_map: Vec<(String, PathBuf)>,
+    ) -> Result<Arc<Self>, Error> {
         for sub in ["blobs", "roots", "tmp"] {
             let p = dir.join(sub);
             std::fs::create_dir_all(&p).map_err(io(format!("cannot create {}", p.display())))?;
@@ -90,6 +97,7 @@ impl FileCache {
         Ok(Arc::new(Self {
             dir: dir.to_path_buf(),
             max_bytes,
+            path_map,
             in_use: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
         }))
@@ -199,6 +207,10 @@ impl FileCache {
             let files = root.join("files");
             for f in &fs.files {
                 let dest = safe_join(&files, &f.path)?;
+                if !f.shared.is_empty() {
+                    self.link_shared(f, &dest)?;
+                    continue;
+                }
                 let src = self.blob(&f.digest, blobs).await?;
                 let size = std::fs::metadata(&src)
                     .map_err(io(format!("cannot read {}", src.display())))?
@@ -232,6 +244,55 @@ impl FileCache {
             mappings,
             missing: fs.missing,
         })
+    }
+
+    /// This machine's path of a file on shared storage, by `--path-map`.
+    fn local_shared(&self, shared: &str) -> Option<PathBuf> {
+        self.path_map.iter().find_map(|(from, to)| {
+            let rest = shared.strip_prefix(from.trim_end_matches('/'))?;
+            let rest = rest.strip_prefix('/').filter(|r| !r.is_empty())?;
+            let local = to.join(rest);
+            local
+                .components()
+                .all(|c| !matches!(c, Component::ParentDir))
+                .then_some(local)
+        })
+    }
+
+    /// Links a shared-storage file into a root, after checking that this
+    /// machine sees the same file (same size) where its `--path-map` says.
+    fn link_shared(&self, f: &pb::FileEntry, dest: &Path) -> Result<(), Error> {
+        let local = self.local_shared(&f.shared).ok_or_else(|| {
+            Error::io(
+                format!(
+                    "the job reads {} from shared storage, which this worker does not map; start it with `--path-map PREFIX=WHERE-THIS-MACHINE-SEES-IT`",
+                    f.shared
+                ),
+                std::io::Error::from(std::io::ErrorKind::NotFound),
+            )
+        })?;
+        let size = std::fs::metadata(&local)
+            .map_err(io(format!(
+                "cannot read {} (shared {})",
+                local.display(),
+                f.shared
+            )))?
+            .len();
+        if size != f.size {
+            return Err(Error::io(
+                format!(
+                    "{} is {size} bytes here but was {} bytes at submit; the shared file changed, submit again",
+                    local.display(),
+                    f.size
+                ),
+                std::io::Error::from(std::io::ErrorKind::InvalidData),
+            ));
+        }
+        let parent = dest.parent().expect("joined path has a parent");
+        std::fs::create_dir_all(parent)
+            .map_err(io(format!("cannot create {}", parent.display())))?;
+        std::os::unix::fs::symlink(&local, dest)
+            .map_err(io(format!("cannot link {}", dest.display())))
     }
 
     /// Bytes of blobs held.
@@ -268,7 +329,12 @@ impl FileCache {
             keep.insert(self.blob_path(set));
             if let Ok(bytes) = std::fs::read(self.blob_path(set)) {
                 if let Ok(fs) = pb::FileSet::decode(bytes.as_slice()) {
-                    keep.extend(fs.files.iter().map(|f| self.blob_path(&f.digest)));
+                    keep.extend(
+                        fs.files
+                            .iter()
+                            .filter(|f| f.shared.is_empty())
+                            .map(|f| self.blob_path(&f.digest)),
+                    );
                 }
             }
         }
@@ -324,7 +390,7 @@ mod tests {
     #[test]
     fn eviction_keeps_blobs_of_roots_in_use_and_drops_the_oldest() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = FileCache::open(dir.path(), 10).unwrap();
+        let cache = FileCache::open(dir.path(), 10, Vec::new()).unwrap();
         let put = |name: &str, bytes: &[u8], age_s: u64| {
             let d = blake3::hash(name.as_bytes()).to_hex().to_string();
             let p = cache.blob_path(&d);
@@ -349,6 +415,7 @@ mod tests {
                 digest: a.clone(),
                 size: 8,
                 mode: 0o644,
+                shared: String::new(),
             }],
             mappings: vec![],
             missing: vec![],

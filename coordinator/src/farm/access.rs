@@ -138,6 +138,7 @@ impl Farm {
         let foreign: Vec<&str> = files
             .files
             .iter()
+            .filter(|f| f.shared.is_empty())
             .zip(&info.blobs)
             .filter(|(_, d)| !Self::possesses(&st, who, d) || !self.blobs.contains(d))
             .map(|(f, _)| f.path.as_str())

@@ -71,6 +71,7 @@ pub fn lanes(
             digest: scene.clone(),
             size: scene_bytes.len() as u64,
             mode: 0o644,
+            shared: String::new(),
         }],
         ..Default::default()
     });

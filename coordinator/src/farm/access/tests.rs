@@ -372,6 +372,7 @@ fn file_set(files: &[(&str, &[u8])]) -> Vec<u8> {
         digest: Digest::of(bytes).to_hex(),
         size: bytes.len() as u64,
         mode: 0o644,
+        shared: String::new(),
     };
     tessera_proto::FileSet {
         scene: "s.blend".into(),
