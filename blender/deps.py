@@ -617,6 +617,9 @@ def report(scene=None):
         "saved_with": "%d.%d" % tuple(bpy.data.version[:2]),
         "engine": scene.render.engine,
         "denoise": denoise_needed(scene),
+        # Which denoiser Cycles runs: OPENIMAGEDENOISE or OPTIX (a compositor
+        # Denoise node always runs OpenImageDenoise).
+        "denoiser": getattr(getattr(scene, "cycles", None), "denoiser", None),
         "scene": os.path.abspath(bpy.data.filepath),
         "files": [r.to_json() for r in collect(scene)],
         # What a submit needs besides the files, so one Blender start answers

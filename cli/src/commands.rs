@@ -386,7 +386,7 @@ async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
         tracing::warn!("the token is on the command line, where any process on this machine can read it (/proc/PID/cmdline); use --token-file");
     }
     let url = &url;
-    let (version, features) = blender_caps(&args.blender).await?;
+    let (version, mut features) = blender_caps(&args.blender).await?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     let choice =
         tessera_worker::slots::DeviceChoice::parse(&args.device).map_err(anyhow::Error::msg)?;
@@ -408,6 +408,13 @@ async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
         .map_err(anyhow::Error::msg)?;
     for p in &plans {
         tracing::info!(slot = p.slot, device = p.device.name(), gpu = ?p.gpu, "slot");
+    }
+    // OptiX's denoiser runs where OptiX does.
+    if plans
+        .iter()
+        .any(|p| p.device == tessera_worker::blender::Device::Optix)
+    {
+        features.push(tessera_worker::capabilities::feature::OPTIX_DENOISE.to_string());
     }
     for t in &args.tag {
         if t.is_empty()

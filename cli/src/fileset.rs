@@ -38,6 +38,9 @@ pub struct Trace {
     /// Whether denoising is on for final renders.
     #[serde(default)]
     pub denoise: bool,
+    /// Cycles' denoiser: OPENIMAGEDENOISE or OPTIX.
+    #[serde(default)]
+    pub denoiser: Option<String>,
     /// Every external file reference.
     #[serde(default)]
     pub files: Vec<TracedFile>,
@@ -644,7 +647,10 @@ pub async fn upload(
 pub fn features(trace: &Trace) -> Vec<String> {
     let mut out = Vec::new();
     if trace.denoise {
-        out.push("openimagedenoise".to_string());
+        out.push(match trace.denoiser.as_deref() {
+            Some("OPTIX") => "optix-denoise".to_string(),
+            _ => "openimagedenoise".to_string(),
+        });
     }
     if trace.engine.contains("EEVEE") {
         out.push("eevee".to_string());

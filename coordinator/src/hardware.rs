@@ -105,8 +105,9 @@ pub struct Requirements {
 }
 
 /// Blender features a job may need, with how messages name them.
-pub const FEATURES: [(&str, &str); 3] = [
+pub const FEATURES: [(&str, &str); 4] = [
     ("openimagedenoise", "OpenImageDenoise"),
+    ("optix-denoise", "OptiX denoising"),
     ("osl", "OSL"),
     ("eevee", "Eevee (a display or EGL)"),
 ];

@@ -141,7 +141,11 @@ impl Coordinator {
                 .max_decoding_message_size(max_message),
             guard(&[Role::Admin, Role::Worker]),
         );
-        let mut builder = tonic::transport::Server::builder();
+        // Wide HTTP/2 windows: blobs stream in 1 MiB chunks (the default
+        // 64 KiB windows stall them every few chunks).
+        let mut builder = tonic::transport::Server::builder()
+            .initial_stream_window_size(Some(8 << 20))
+            .initial_connection_window_size(Some(32 << 20));
         if let Some((cert, key)) = &self.tls {
             let identity = tonic::transport::Identity::from_pem(cert, key);
             builder = builder

@@ -122,7 +122,11 @@ pub fn channel(access: &Access) -> Result<Conn, Error> {
     let mut endpoint = Endpoint::from_shared(url.clone())
         .map_err(|_| Error::Address(url.clone()))?
         .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true);
+        .tcp_nodelay(true)
+        // HTTP/2's default 64 KiB windows cap blob transfers at a few
+        // round trips per window; wide windows let 1 MiB chunks stream.
+        .initial_stream_window_size(Some(8 << 20))
+        .initial_connection_window_size(Some(32 << 20));
     if url.starts_with("https://") {
         let ca = access.ca.as_ref().ok_or_else(|| {
             Error::Tls(format!(

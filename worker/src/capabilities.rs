@@ -13,6 +13,8 @@ pub mod feature {
     pub const OIDN: &str = "openimagedenoise";
     /// Open Shading Language in Cycles.
     pub const OSL: &str = "osl";
+    /// Cycles' OptiX denoiser (a worker with an OptiX slot).
+    pub const OPTIX_DENOISE: &str = "optix-denoise";
     /// The Eevee engine (Blender 3.x needs a display or EGL to run it).
     pub const EEVEE: &str = "eevee";
 }
