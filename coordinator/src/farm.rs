@@ -28,10 +28,15 @@ use crate::task::{
 use crate::tiles::{self, Grid, Rect};
 use crate::worker::{WorkerId, WorkerRecord};
 
+use scheduler::{capable, pick, Asker};
+
 mod access;
+mod scheduler;
 mod stitching;
 #[cfg(test)]
 mod trust_tests;
+mod users;
+mod workers;
 
 /// Limits and timings of a coordinator.
 #[derive(Debug, Clone)]
@@ -735,101 +740,6 @@ impl Farm {
             .collect()
     }
 
-    /// Who holds `token`, or why not.
-    pub fn authenticate(&self, token: Option<&str>) -> Result<Identity, Error> {
-        if !self.config.auth {
-            return Ok(Identity::local());
-        }
-        let token = token.ok_or(Error::Unauthenticated(
-            "no token given; pass --token, set $TESSERA_TOKEN, or put it in ~/.config/tessera/token",
-        ))?;
-        let hash = auth::token_hash(token);
-        let st = self.lock();
-        st.users
-            .values()
-            .find(|u| u.token_hash == hash)
-            .map(|u| Identity {
-                name: u.name.clone(),
-                role: u.role,
-            })
-            .ok_or(Error::Unauthenticated(
-                "the token is not valid; ask the farm's admin for one",
-            ))
-    }
-
-    /// Creates the admin on first start; returns its token to hand over.
-    pub fn ensure_admin(&self) -> Result<Option<String>, Error> {
-        if !self.config.auth || self.lock().users.values().any(|u| u.role == Role::Admin) {
-            return Ok(None);
-        }
-        let token = self.add_user_record("admin", Role::Admin)?;
-        Ok(Some(token))
-    }
-
-    fn add_user_record(&self, name: &str, role: Role) -> Result<String, Error> {
-        auth::check_name(name)?;
-        let token = auth::new_token()?;
-        let record = UserRecord {
-            name: name.to_string(),
-            role,
-            token_hash: auth::token_hash(&token),
-            created_ms: self.clock.now_ms(),
-        };
-        let mut st = self.lock();
-        if st.users.contains_key(name) {
-            return Err(Error::Conflict(format!(
-                "user {name} exists; remove it first to issue a new token"
-            )));
-        }
-        self.store.write(&[Record::User(&record)])?;
-        st.users.insert(name.to_string(), record);
-        tracing::info!(user = name, role = role.name(), "user added");
-        Ok(token)
-    }
-
-    /// Adds a user and returns its token (admins only).
-    pub fn add_user(&self, who: &Identity, name: &str, role: Role) -> Result<String, Error> {
-        Self::admin_only(who)?;
-        self.add_user_record(name, role)
-    }
-
-    /// Removes a user: its token stops working at once (admins only).
-    pub fn remove_user(&self, who: &Identity, name: &str) -> Result<(), Error> {
-        Self::admin_only(who)?;
-        let mut st = self.lock();
-        let user = st
-            .users
-            .get(name)
-            .ok_or_else(|| Error::NotFound(format!("user {name}")))?;
-        if user.role == Role::Admin
-            && st.users.values().filter(|u| u.role == Role::Admin).count() == 1
-        {
-            return Err(Error::Conflict(
-                "that is the last admin; add another admin first".into(),
-            ));
-        }
-        self.store.write(&[Record::RemoveUser(name)])?;
-        st.users.remove(name);
-        tracing::info!(user = name, "user removed");
-        Ok(())
-    }
-
-    /// Every user (admins only).
-    pub fn users(&self, who: &Identity) -> Result<Vec<UserRecord>, Error> {
-        Self::admin_only(who)?;
-        Ok(self.lock().users.values().cloned().collect())
-    }
-
-    fn admin_only(who: &Identity) -> Result<(), Error> {
-        if who.is_admin() {
-            Ok(())
-        } else {
-            Err(Error::PermissionDenied(
-                "only an admin manages users".into(),
-            ))
-        }
-    }
-
     /// Fails with "not found" unless `who` may see job `id` (another user's
     /// job is indistinguishable from a missing one).
     pub fn check_owner(&self, id: JobId, who: &Identity) -> Result<(), Error> {
@@ -909,71 +819,6 @@ impl Farm {
         })?;
         tracing::info!(job = %id, "job canceled");
         Ok(snap)
-    }
-
-    /// Registers a worker (or welcomes one back) and returns its id and the lease TTL.
-    pub fn register(&self, reg: Registration) -> Result<(WorkerId, u64), Error> {
-        let now = self.clock.now_ms();
-        let mut st = self.lock();
-        let id = match self.check_registration(&st, &reg, now)? {
-            Some(p) => p,
-            None => {
-                let n = st.next_worker;
-                let mut id;
-                let mut k = n;
-                loop {
-                    id = WorkerId(format!("w{k}"));
-                    if !st.workers.contains_key(&id) {
-                        break;
-                    }
-                    k += 1;
-                }
-                st.next_worker = k + 1;
-                id
-            }
-        };
-        let old = st.workers.get(&id);
-        let record = WorkerRecord {
-            id: id.clone(),
-            name: reg
-                .name
-                .chars()
-                .filter(|c| !c.is_control())
-                .take(100)
-                .collect(),
-            slots: reg.slots.clamp(1, 1024),
-            device: reg.device,
-            blender_version: reg.blender_version,
-            cpu_cores: reg.cpu_cores,
-            registered_ms: now,
-            last_seen_ms: now,
-            tasks_done: old.map_or(0, |o| o.tasks_done),
-            tasks_failed: old.map_or(0, |o| o.tasks_failed),
-            gpus: reg.gpus,
-            slot_caps: reg.slot_caps,
-            tags: reg.tags,
-            memory_bytes: reg.memory_bytes,
-            notes: reg.notes,
-            features: reg.features,
-            owner: reg.owner,
-        };
-        self.store.write(&[Record::Worker(&record)])?;
-        tracing::info!(worker = %id, name = %record.name, slots = record.slots, "worker registered");
-        st.workers.insert(id.clone(), record);
-        Ok((id, self.config.lease_ttl_ms))
-    }
-
-    fn touch(st: &mut State, worker: &WorkerId, now: u64) -> Result<(), Error> {
-        let w = st
-            .workers
-            .get_mut(worker)
-            .ok_or_else(|| Error::NotFound(format!("worker {worker} (register again)")))?;
-        w.last_seen_ms = now;
-        Ok(())
-    }
-
-    fn online(&self, w: &WorkerRecord, now: u64) -> bool {
-        now.saturating_sub(w.last_seen_ms) <= 2 * self.config.lease_ttl_ms
     }
 
     /// Leases the best task for `worker` now, if any.
@@ -1303,178 +1148,6 @@ impl Farm {
         self.queued.notify_waiters();
         Ok(n)
     }
-
-    /// Every worker.
-    pub fn workers(&self) -> Vec<WorkerSnapshot> {
-        let now = self.clock.now_ms();
-        let st = self.lock();
-        st.workers
-            .values()
-            .map(|w| WorkerSnapshot {
-                record: w.clone(),
-                online: self.online(w, now),
-                running: st
-                    .tasks
-                    .values()
-                    .flatten()
-                    .filter(|t| t.holder() == Some(&w.id))
-                    .count() as u32,
-                drain: st.health.get(&w.id).and_then(|h| h.drain.clone()),
-            })
-            .collect()
-    }
-
-    /// Takes a worker's GPU telemetry (and slots whose capability changed),
-    /// and drains or restores the worker by its GPUs' health.
-    pub fn telemetry(
-        &self,
-        worker: &WorkerId,
-        gpus: Vec<Gpu>,
-        slots: Vec<SlotCap>,
-    ) -> Result<(), Error> {
-        let now = self.clock.now_ms();
-        let limits = self.config.health;
-        let mut st = self.lock();
-        Self::touch(&mut st, worker, now)?;
-        let State {
-            workers, health, ..
-        } = &mut *st;
-        let record = workers.get_mut(worker).expect("touched worker exists");
-        for g in gpus {
-            if let Some(mine) = record.gpus.iter_mut().find(|m| m.index == g.index) {
-                mine.telemetry = g.telemetry;
-            }
-        }
-        let mut caps_changed = false;
-        for s in slots {
-            caps_changed = true;
-            match record.slot_caps.iter_mut().find(|c| c.slot == s.slot) {
-                Some(c) => *c = s,
-                None => record.slot_caps.push(s),
-            }
-        }
-        let h = health.entry(worker.clone()).or_default();
-        let before = h.drain.clone();
-        let after = h.assess(&record.gpus, limits, now);
-        match (&before, &after) {
-            (None, Some(why)) => tracing::warn!(worker = %worker, "draining: {why}"),
-            (Some(_), None) => tracing::info!(worker = %worker, "healthy again; back in service"),
-            _ => {}
-        }
-        if caps_changed {
-            let record = record.clone();
-            self.store.write(&[Record::Worker(&record)])?;
-        }
-        drop(st);
-        if before.is_some() && after.is_none() {
-            self.queued.notify_waiters();
-        }
-        Ok(())
-    }
-}
-
-/// Chooses the next task for `worker`: priority first; among equal priority
-/// the job whose Blender session the slot holds warm (sticky sessions), then
-/// the job with the fewest running tasks (fair share), then the one whose
-/// scene the worker has cached, then the oldest. A task that failed on this
-/// worker goes to another unless every online worker has failed it.
-/// Who asks for work: a slot of a worker.
-struct Asker<'a> {
-    worker: &'a WorkerId,
-    cached: &'a HashSet<Digest>,
-    warm: Option<JobId>,
-    slot: &'a SlotCap,
-    tags: &'a [String],
-    /// Whether a worker takes work now (online, not drained).
-    available: &'a dyn Fn(&WorkerRecord) -> bool,
-    /// What the worker's Blender offers.
-    features: &'a [String],
-}
-
-/// Whether any slot of `w` can render `job`.
-fn capable(job: &Job, w: &WorkerRecord) -> bool {
-    job.requirements.features_met(&w.features)
-        && (0..w.slots).any(|s| job.requirements.satisfied_by(&w.slot_cap(s), &w.tags))
-}
-
-/// Whether `worker` may take tasks of `job` despite its failures there: when
-/// it is not blocked for the job, or when every available worker that could
-/// serve the job is blocked and this one has failed it least. The job then
-/// goes on instead of waiting silently; every failure still charges an
-/// attempt, so it ends.
-fn may_serve(
-    st: &State,
-    job: &Job,
-    worker: &WorkerId,
-    block_after: u32,
-    available: &dyn Fn(&WorkerRecord) -> bool,
-) -> bool {
-    let fails = |w: &WorkerId| job.failures_by_worker.get(&w.0).copied().unwrap_or(0);
-    if fails(worker) < block_after {
-        return true;
-    }
-    let mut least = u32::MAX;
-    for w in st
-        .workers
-        .values()
-        .filter(|w| available(w) && capable(job, w))
-    {
-        if fails(&w.id) < block_after {
-            return false;
-        }
-        least = least.min(fails(&w.id));
-    }
-    fails(worker) <= least
-}
-
-fn pick(st: &State, asker: &Asker<'_>, online: usize, block_after: u32) -> Option<(JobId, usize)> {
-    let Asker {
-        worker,
-        cached,
-        warm,
-        slot,
-        tags,
-        available,
-        features,
-    } = *asker;
-    let mut candidates: Vec<(&Job, usize)> = st
-        .jobs
-        .values()
-        .filter(|j| {
-            !j.state.is_final()
-                && j.state != JobState::Paused
-                && j.requirements.satisfied_by(slot, tags)
-                && j.requirements.features_met(features)
-        })
-        .filter(|j| may_serve(st, j, worker, block_after, available))
-        .map(|j| {
-            let running = st.tasks[&j.id]
-                .iter()
-                .filter(|t| t.holder().is_some())
-                .count();
-            (j, running)
-        })
-        .collect();
-    candidates.sort_by_key(|(j, running)| {
-        (
-            std::cmp::Reverse(j.priority),
-            Some(j.id) != warm,
-            *running,
-            !cached.contains(&j.scene),
-            j.id,
-        )
-    });
-    for (job, _) in candidates {
-        let found = st.tasks[&job.id].iter().position(|t| {
-            t.state == TaskState::Queued
-                && !t.machine_failed_on.contains(worker)
-                && (!t.failed_on.contains(worker) || t.failed_on.len() >= online.max(1))
-        });
-        if let Some(i) = found {
-            return Some((job.id, i));
-        }
-    }
-    None
 }
 
 #[cfg(test)]

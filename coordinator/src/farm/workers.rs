@@ -1,0 +1,138 @@
+//! Workers: registration, whether they are online, their snapshots and GPU telemetry.
+
+use super::*;
+
+impl Farm {
+    /// Registers a worker (or welcomes one back) and returns its id and the lease TTL.
+    pub fn register(&self, reg: Registration) -> Result<(WorkerId, u64), Error> {
+        let now = self.clock.now_ms();
+        let mut st = self.lock();
+        let id = match self.check_registration(&st, &reg, now)? {
+            Some(p) => p,
+            None => {
+                let n = st.next_worker;
+                let mut id;
+                let mut k = n;
+                loop {
+                    id = WorkerId(format!("w{k}"));
+                    if !st.workers.contains_key(&id) {
+                        break;
+                    }
+                    k += 1;
+                }
+                st.next_worker = k + 1;
+                id
+            }
+        };
+        let old = st.workers.get(&id);
+        let record = WorkerRecord {
+            id: id.clone(),
+            name: reg
+                .name
+                .chars()
+                .filter(|c| !c.is_control())
+                .take(100)
+                .collect(),
+            slots: reg.slots.clamp(1, 1024),
+            device: reg.device,
+            blender_version: reg.blender_version,
+            cpu_cores: reg.cpu_cores,
+            registered_ms: now,
+            last_seen_ms: now,
+            tasks_done: old.map_or(0, |o| o.tasks_done),
+            tasks_failed: old.map_or(0, |o| o.tasks_failed),
+            gpus: reg.gpus,
+            slot_caps: reg.slot_caps,
+            tags: reg.tags,
+            memory_bytes: reg.memory_bytes,
+            notes: reg.notes,
+            features: reg.features,
+            owner: reg.owner,
+        };
+        self.store.write(&[Record::Worker(&record)])?;
+        tracing::info!(worker = %id, name = %record.name, slots = record.slots, "worker registered");
+        st.workers.insert(id.clone(), record);
+        Ok((id, self.config.lease_ttl_ms))
+    }
+
+    pub(super) fn touch(st: &mut State, worker: &WorkerId, now: u64) -> Result<(), Error> {
+        let w = st
+            .workers
+            .get_mut(worker)
+            .ok_or_else(|| Error::NotFound(format!("worker {worker} (register again)")))?;
+        w.last_seen_ms = now;
+        Ok(())
+    }
+
+    pub(super) fn online(&self, w: &WorkerRecord, now: u64) -> bool {
+        now.saturating_sub(w.last_seen_ms) <= 2 * self.config.lease_ttl_ms
+    }
+
+    /// Every worker.
+    pub fn workers(&self) -> Vec<WorkerSnapshot> {
+        let now = self.clock.now_ms();
+        let st = self.lock();
+        st.workers
+            .values()
+            .map(|w| WorkerSnapshot {
+                record: w.clone(),
+                online: self.online(w, now),
+                running: st
+                    .tasks
+                    .values()
+                    .flatten()
+                    .filter(|t| t.holder() == Some(&w.id))
+                    .count() as u32,
+                drain: st.health.get(&w.id).and_then(|h| h.drain.clone()),
+            })
+            .collect()
+    }
+
+    /// Takes a worker's GPU telemetry (and slots whose capability changed),
+    /// and drains or restores the worker by its GPUs' health.
+    pub fn telemetry(
+        &self,
+        worker: &WorkerId,
+        gpus: Vec<Gpu>,
+        slots: Vec<SlotCap>,
+    ) -> Result<(), Error> {
+        let now = self.clock.now_ms();
+        let limits = self.config.health;
+        let mut st = self.lock();
+        Self::touch(&mut st, worker, now)?;
+        let State {
+            workers, health, ..
+        } = &mut *st;
+        let record = workers.get_mut(worker).expect("touched worker exists");
+        for g in gpus {
+            if let Some(mine) = record.gpus.iter_mut().find(|m| m.index == g.index) {
+                mine.telemetry = g.telemetry;
+            }
+        }
+        let mut caps_changed = false;
+        for s in slots {
+            caps_changed = true;
+            match record.slot_caps.iter_mut().find(|c| c.slot == s.slot) {
+                Some(c) => *c = s,
+                None => record.slot_caps.push(s),
+            }
+        }
+        let h = health.entry(worker.clone()).or_default();
+        let before = h.drain.clone();
+        let after = h.assess(&record.gpus, limits, now);
+        match (&before, &after) {
+            (None, Some(why)) => tracing::warn!(worker = %worker, "draining: {why}"),
+            (Some(_), None) => tracing::info!(worker = %worker, "healthy again; back in service"),
+            _ => {}
+        }
+        if caps_changed {
+            let record = record.clone();
+            self.store.write(&[Record::Worker(&record)])?;
+        }
+        drop(st);
+        if before.is_some() && after.is_none() {
+            self.queued.notify_waiters();
+        }
+        Ok(())
+    }
+}
