@@ -8,7 +8,8 @@
 //! - [`blendfile`]: recognising Blender files by their header.
 //! - [`job`], [`task`], [`worker`]: the domain records and their lifecycles.
 //! - [`hardware`]: GPUs, slot capabilities, job requirements, GPU health.
-//! - [`farm`]: the domain service (submit, lease, complete, fail, expire), and
+//! - [`farm`]: the domain service (submit, lease, complete, fail, expire); its
+//!   submodules hold jobs, leases, the scheduler, stitching, users, workers and access. and
 //!   who may act for which worker and lease and use which blob.
 //! - [`fileset`]: job file sets (every file a scene needs) and their checks.
 //! - [`store`]: durable metadata (sled) and its in-memory twin.

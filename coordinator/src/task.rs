@@ -293,18 +293,6 @@ impl Task {
             .map(|o| o.frame)
             .collect();
         want.sort_unstable();
-        if let Some(o) = outputs
-            .iter()
-            .find(|o| !o.pass.is_empty() && !self.frames.contains(&o.frame))
-        {
-            return Err(Error::invalid(format!(
-                "task {} renders frames {:?} but names pass {} of frame {}",
-                self.lease_id(grant),
-                self.frames,
-                o.pass,
-                o.frame
-            )));
-        }
         if want != self.frames {
             return Err(Error::invalid(format!(
                 "task {} renders frames {:?} but the result names frames {:?}",
