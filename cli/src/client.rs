@@ -14,6 +14,13 @@ use tessera_coordinator::blendfile;
 use tessera_coordinator::frames::FrameSet;
 use tessera_worker::{agent, transfer};
 
+/// The largest reply the CLI decodes (a page of 10,000 tasks with failure
+/// messages of up to 10 KB fits).
+pub const MAX_MESSAGE: usize = 128 << 20;
+
+/// Tasks shown by `status` (and in `status --json`).
+pub const STATUS_TASKS: u32 = 1000;
+
 /// Clients of one coordinator.
 #[derive(Clone)]
 pub struct Client {
@@ -31,7 +38,10 @@ impl Client {
         let channel = agent::channel(access)?;
         Ok(Self {
             url: access.url.clone(),
-            farm: pb::farm_client::FarmClient::new(channel.clone()),
+            // Pages are capped by the coordinator; this leaves room for
+            // long failure messages in a page of 10,000 tasks.
+            farm: pb::farm_client::FarmClient::new(channel.clone())
+                .max_decoding_message_size(MAX_MESSAGE),
             blobs: pb::blobs_client::BlobsClient::new(channel),
         })
     }
@@ -63,11 +73,65 @@ impl Client {
         Ok(())
     }
 
-    /// One job.
+    /// One job's summary with its first tasks (up to [`STATUS_TASKS`]).
     pub async fn job(&mut self, id: u64) -> Result<pb::JobView> {
-        let r = self.farm.get_job(pb::JobRef { job_id: id }).await;
+        self.job_page(pb::JobRef {
+            job_id: id,
+            task_limit: STATUS_TASKS,
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// One job with the page `r` asks for.
+    pub async fn job_page(&mut self, r: pb::JobRef) -> Result<pb::JobView> {
+        let r = self.farm.get_job(r).await;
         r.map(tonic::Response::into_inner)
             .map_err(|s| self.explain(s))
+    }
+
+    /// Every output of job `id`, fetched a page at a time.
+    pub async fn outputs(&mut self, id: u64) -> Result<Vec<pb::FrameOutput>> {
+        const PAGE: u32 = 10_000;
+        let mut all = Vec::new();
+        loop {
+            let page = self
+                .job_page(pb::JobRef {
+                    job_id: id,
+                    output_from: all.len() as u32,
+                    output_limit: PAGE,
+                    ..Default::default()
+                })
+                .await?;
+            let n = page.outputs.len();
+            all.extend(page.outputs);
+            if n < PAGE as usize || all.len() >= page.outputs_total as usize {
+                return Ok(all);
+            }
+        }
+    }
+
+    /// Every job's summary (archived ones too with `archived`), a page at a time.
+    pub async fn jobs(&mut self, archived: bool) -> Result<Vec<pb::JobView>> {
+        let mut all = Vec::new();
+        let mut after = 0;
+        loop {
+            let r = self
+                .farm
+                .list_jobs(pb::ListJobsRequest {
+                    limit: 1000,
+                    after,
+                    archived,
+                })
+                .await
+                .map_err(|s| self.explain(s))?
+                .into_inner();
+            all.extend(r.jobs);
+            if r.next_after == 0 {
+                return Ok(all);
+            }
+            after = r.next_after;
+        }
     }
 }
 
@@ -140,20 +204,10 @@ fn bar(total: u64) -> ProgressBar {
 
 /// Sample progress of the renders in flight, as ` (12/64 samples)`.
 pub fn samples(job: &pb::JobView) -> String {
-    let running = job
-        .tasks
-        .iter()
-        .filter(|t| t.state == pb::TaskState::Leased as i32 && t.samples_total > 0);
-    let (done, total) = running.fold((0u64, 0u64), |(d, t), task| {
-        (
-            d + u64::from(task.samples_done),
-            t + u64::from(task.samples_total),
-        )
-    });
-    if total == 0 {
+    if job.samples_total == 0 {
         String::new()
     } else {
-        format!(", {done}/{total} samples")
+        format!(", {}/{} samples", job.samples_done, job.samples_total)
     }
 }
 
@@ -168,72 +222,101 @@ fn frames_done(job: &pb::JobView) -> u64 {
     if tiled(job) {
         return u64::from(job.tasks_done);
     }
-    let running: u32 = job
-        .tasks
-        .iter()
-        .filter(|t| t.state == pb::TaskState::Leased as i32)
-        .map(|t| t.frames_done)
-        .sum();
-    frame_count(job) as u64 + u64::from(running)
+    u64::from(job.frames_done) + u64::from(job.running_frames_done)
 }
 
 /// Rendered frames of a job (its extra outputs, passes, left out).
 pub fn frame_count(job: &pb::JobView) -> usize {
-    job.outputs.iter().filter(|o| o.pass.is_empty()).count()
+    job.frames_done as usize
 }
 
-/// Waits for a job to end, drawing a progress bar. Tolerates the coordinator
-/// going away for a while (it may be restarting). Fails unless the job is done.
+/// Waits for a job to end, drawing a progress bar from the coordinator's
+/// stream of changes. Tolerates the coordinator going away for a while (it
+/// may be restarting): the stream is opened again, and starts with the job
+/// as it is then. Fails unless the job is done.
 pub async fn wait(client: &mut Client, id: u64) -> Result<pb::JobView> {
+    use tokio_stream::StreamExt;
     let mut bar: Option<ProgressBar> = None;
     let mut unreachable_since: Option<std::time::Instant> = None;
     loop {
-        match client.farm.get_job(pb::JobRef { job_id: id }).await {
+        let opened = client
+            .farm
+            .watch_job(pb::JobRef {
+                job_id: id,
+                ..Default::default()
+            })
+            .await;
+        let failure = match opened {
             Ok(r) => {
-                unreachable_since = None;
-                let job = r.into_inner();
-                let b = bar.get_or_insert_with(|| bar_for(&job));
-                b.set_position(frames_done(&job));
-                let running = job.tasks_running;
-                b.set_message(match pb::JobState::try_from(job.state) {
-                    Ok(pb::JobState::Queued) => "queued".to_string(),
-                    Ok(pb::JobState::Running) => {
-                        format!("running on {running} slot(s){}", samples(&job))
+                let mut stream = r.into_inner();
+                loop {
+                    match stream.next().await {
+                        Some(Ok(event)) => {
+                            unreachable_since = None;
+                            let Some(job) = event.job else { continue };
+                            if let Some(done) = show_progress(&mut bar, job, id)? {
+                                return Ok(done);
+                            }
+                        }
+                        Some(Err(s)) => break s,
+                        // The stream ends only after the job ended, which
+                        // the last event said; a cut connection lands here too.
+                        None => break tonic::Status::unavailable("the event stream ended"),
                     }
-                    Ok(s) => s
-                        .as_str_name()
-                        .trim_start_matches("JOB_STATE_")
-                        .to_lowercase(),
-                    Err(_) => String::new(),
-                });
-                match pb::JobState::try_from(job.state) {
-                    Ok(pb::JobState::Done) => {
-                        b.finish_with_message("done");
-                        return Ok(job);
-                    }
-                    Ok(pb::JobState::Failed) => {
-                        b.abandon_with_message("failed");
-                        bail!("job {id} failed: {}", job.message);
-                    }
-                    Ok(pb::JobState::Canceled) => {
-                        b.abandon_with_message("canceled");
-                        bail!("job {id} was canceled");
-                    }
-                    _ => {}
                 }
             }
-            Err(s) if agent::transient(&s) => {
-                let since = *unreachable_since.get_or_insert_with(std::time::Instant::now);
-                if since.elapsed() > Duration::from_secs(300) {
-                    return Err(client.explain(s)).context(format!("gave up waiting for job {id}"));
-                }
-                if let Some(b) = &bar {
-                    b.set_message("coordinator unreachable; retrying");
-                }
-            }
-            Err(s) => return Err(client.explain(s)),
+            Err(s) => s,
+        };
+        if !agent::transient(&failure) {
+            return Err(client.explain(failure));
+        }
+        let since = *unreachable_since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() > Duration::from_secs(300) {
+            return Err(client.explain(failure)).context(format!("gave up waiting for job {id}"));
+        }
+        if let Some(b) = &bar {
+            b.set_message("coordinator unreachable; retrying");
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Shows one state of job `id` on the bar; returns the job once it is done,
+/// and fails when it failed or was canceled.
+fn show_progress(
+    bar: &mut Option<ProgressBar>,
+    job: pb::JobView,
+    id: u64,
+) -> Result<Option<pb::JobView>> {
+    let b = bar.get_or_insert_with(|| bar_for(&job));
+    b.set_position(frames_done(&job));
+    let running = job.tasks_running;
+    b.set_message(match pb::JobState::try_from(job.state) {
+        Ok(pb::JobState::Queued) if !job.waiting.is_empty() => job.waiting.clone(),
+        Ok(pb::JobState::Queued) => "queued".to_string(),
+        Ok(pb::JobState::Running) => {
+            format!("running on {running} slot(s){}", samples(&job))
+        }
+        Ok(s) => s
+            .as_str_name()
+            .trim_start_matches("JOB_STATE_")
+            .to_lowercase(),
+        Err(_) => String::new(),
+    });
+    match pb::JobState::try_from(job.state) {
+        Ok(pb::JobState::Done) => {
+            b.finish_with_message("done");
+            Ok(Some(job))
+        }
+        Ok(pb::JobState::Failed) => {
+            b.abandon_with_message("failed");
+            bail!("job {id} failed: {}", job.message);
+        }
+        Ok(pb::JobState::Canceled) => {
+            b.abandon_with_message("canceled");
+            bail!("job {id} was canceled");
+        }
+        _ => Ok(None),
     }
 }
 
@@ -277,9 +360,10 @@ pub async fn fetch(
     dir: &Path,
 ) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let mut frames = Vec::with_capacity(job.outputs.len());
+    let outputs = client.outputs(job.id).await?;
+    let mut frames = Vec::with_capacity(outputs.len());
     let mut passes = Vec::new();
-    for out in &job.outputs {
+    for out in &outputs {
         let ext = if !out.ext.is_empty() && out.ext.bytes().all(|b| b.is_ascii_alphanumeric()) {
             out.ext.as_str()
         } else {

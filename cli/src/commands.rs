@@ -100,13 +100,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Users(cmd) => users(&url, cmd).await,
         Command::Jobs(j) => {
             let mut c = Client::new(&url)?;
-            let jobs = c
-                .farm
-                .list_jobs(pb::ListJobsRequest {})
-                .await
-                .map_err(|s| c.explain(s))?
-                .into_inner()
-                .jobs;
+            let jobs = c.jobs(false).await?;
             if j.json {
                 println!(
                     "{}",
@@ -138,7 +132,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Fetch { job, output } => {
             let mut c = Client::new(&url)?;
             let j = c.job(job).await?;
-            if j.outputs.is_empty() {
+            if j.outputs_total == 0 {
                 bail!(
                     "job {job} has no rendered frames yet; wait for it with `tessera watch {job}`"
                 );
@@ -159,7 +153,10 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Cancel { job } => {
             let mut c = Client::new(&url)?;
             c.farm
-                .cancel_job(pb::JobRef { job_id: job })
+                .cancel_job(pb::JobRef {
+                    job_id: job,
+                    ..Default::default()
+                })
                 .await
                 .map_err(|s| c.explain(s))?;
             eprintln!("job {job} canceled");
@@ -168,7 +165,10 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Pause { job } => {
             let mut c = Client::new(&url)?;
             c.farm
-                .pause_job(pb::JobRef { job_id: job })
+                .pause_job(pb::JobRef {
+                    job_id: job,
+                    ..Default::default()
+                })
                 .await
                 .map_err(|s| c.explain(s))?;
             eprintln!("job {job} paused; `tessera resume {job}` continues it");
@@ -177,7 +177,10 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Resume { job } => {
             let mut c = Client::new(&url)?;
             c.farm
-                .resume_job(pb::JobRef { job_id: job })
+                .resume_job(pb::JobRef {
+                    job_id: job,
+                    ..Default::default()
+                })
                 .await
                 .map_err(|s| c.explain(s))?;
             eprintln!("job {job} resumed");
@@ -187,7 +190,10 @@ pub async fn run(cli: Cli) -> Result<()> {
             let mut c = Client::new(&url)?;
             let j = c
                 .farm
-                .retry_job(pb::JobRef { job_id: job })
+                .retry_job(pb::JobRef {
+                    job_id: job,
+                    ..Default::default()
+                })
                 .await
                 .map_err(|s| c.explain(s))?
                 .into_inner();

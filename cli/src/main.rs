@@ -1,6 +1,8 @@
 //! `tessera`: the one binary. Runs a coordinator or a worker, submits and
 //! inspects jobs, or renders locally with an embedded farm.
 
+#![recursion_limit = "256"]
+
 mod client;
 mod commands;
 mod fileset;

@@ -44,7 +44,9 @@ pub fn job_json(j: &pb::JobView) -> Value {
         "state": job_state(j.state),
         "frames": j.frames,
         "frames_total": j.frames_total,
-        "frames_done": crate::client::frame_count(j),
+        "frames_done": j.frames_done,
+        "outputs_total": j.outputs_total,
+        "archived": j.archived,
         "chunk": j.chunk,
         "tiles": j.tiles,
         "overscan": j.overscan,
@@ -298,6 +300,9 @@ pub fn job(j: &pb::JobView) {
         ],
         rows,
     );
+    if (j.tasks.len() as u32) < j.tasks_total {
+        println!("  (the first {} of {} tasks)", j.tasks.len(), j.tasks_total);
+    }
 }
 
 /// The workers table.

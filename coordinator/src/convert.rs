@@ -111,8 +111,7 @@ impl From<JobState> for pb::JobState {
 impl From<&JobSnapshot> for pb::JobView {
     fn from(s: &JobSnapshot) -> Self {
         let j = &s.job;
-        let count =
-            |f: fn(&TaskState) -> bool| s.tasks.iter().filter(|t| f(&t.state)).count() as u32;
+        let c = &s.counts;
         let tasks = s
             .tasks
             .iter()
@@ -135,19 +134,16 @@ impl From<&JobSnapshot> for pb::JobView {
                 samples_total: t.samples_total,
             })
             .collect();
-        let mut frame_tiles: Vec<pb::FrameTiles> = Vec::new();
-        if j.is_tiled() {
-            let per_frame = j.grid.count() as usize;
-            for chunk in s.tasks.chunks(per_frame) {
-                let frame = chunk[0].frames[0];
-                frame_tiles.push(pb::FrameTiles {
-                    frame,
-                    tiles_done: chunk.iter().filter(|t| t.is_done()).count() as u32,
-                    tiles_total: chunk.len() as u32,
-                    stitched: j.stitched.iter().any(|o| o.frame == frame),
-                });
-            }
-        }
+        let frame_tiles = s
+            .frame_tiles
+            .iter()
+            .map(|f| pb::FrameTiles {
+                frame: f.frame,
+                tiles_done: f.done,
+                tiles_total: f.total,
+                stitched: f.stitched,
+            })
+            .collect();
         Self {
             id: j.id.0,
             scene_name: j.scene_name.clone(),
@@ -158,13 +154,13 @@ impl From<&JobSnapshot> for pb::JobView {
             state: pb::JobState::from(j.state) as i32,
             frames_total: j.frame_count,
             tasks_total: j.task_count,
-            tasks_done: count(|s| matches!(s, TaskState::Done { .. })),
-            tasks_running: count(|s| matches!(s, TaskState::Leased { .. })),
-            tasks_failed: count(|s| matches!(s, TaskState::Failed { .. })),
+            tasks_done: c.done,
+            tasks_running: c.leased,
+            tasks_failed: c.failed,
             message: j.message.clone(),
             created_ms: j.created_ms,
             finished_ms: j.finished_ms.unwrap_or(0),
-            outputs: s.outputs().iter().map(Into::into).collect(),
+            outputs: s.outputs.iter().map(Into::into).collect(),
             tasks,
             max_attempts: j.max_attempts,
             tiles: j.grid.to_string(),
@@ -182,8 +178,25 @@ impl From<&JobSnapshot> for pb::JobView {
             file_set_digest: j.file_set.map(|d| d.to_hex()).unwrap_or_default(),
             missing_files: j.missing_files.clone(),
             features: j.requirements.features.clone(),
+            frames_done: c.frames_done,
+            outputs_total: c.outputs,
+            running_frames_done: c.running_frames_done,
+            samples_done: c.samples_done,
+            samples_total: c.samples_total,
+            archived: s.archived,
         }
     }
+}
+
+/// The page a job reference asks for, capped.
+pub fn page(r: &pb::JobRef) -> crate::farm::Page {
+    crate::farm::Page {
+        task_from: r.task_from,
+        task_limit: r.task_limit,
+        output_from: r.output_from,
+        output_limit: r.output_limit,
+    }
+    .capped()
 }
 
 impl From<&WorkerSnapshot> for pb::WorkerView {

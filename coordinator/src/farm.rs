@@ -41,7 +41,10 @@ mod stitching;
 #[cfg(test)]
 mod trust_tests;
 mod users;
+mod views;
 mod workers;
+
+pub use views::{FrameTiles, JobSnapshot, Page, TaskCounts};
 
 /// Limits and timings of a coordinator.
 #[derive(Debug, Clone)]
@@ -222,37 +225,6 @@ pub struct Registration {
     pub owner: String,
 }
 
-/// A job with its tasks, as shown to users.
-#[derive(Debug, Clone)]
-pub struct JobSnapshot {
-    /// The job.
-    pub job: Job,
-    /// Its tasks, by index.
-    pub tasks: Vec<Task>,
-    /// Why it is not running, when no online worker can serve it.
-    pub waiting: Option<String>,
-}
-
-impl JobSnapshot {
-    /// Every rendered frame, by frame number (for tiled jobs, the stitched frames).
-    pub fn outputs(&self) -> Vec<FrameOutput> {
-        if self.job.is_tiled() {
-            return self.job.stitched.clone();
-        }
-        let mut out: Vec<FrameOutput> = self
-            .tasks
-            .iter()
-            .filter_map(|t| match &t.state {
-                TaskState::Done { outputs } => Some(outputs.clone()),
-                _ => None,
-            })
-            .flatten()
-            .collect();
-        out.sort_by_key(|o| o.frame);
-        out
-    }
-}
-
 /// A worker as shown to users.
 #[derive(Debug, Clone)]
 pub struct WorkerSnapshot {
@@ -314,9 +286,27 @@ struct State {
     stitch_errors: HashMap<(JobId, u32), (u32, u64)>,
     /// Who possesses which blob, and who holds which grant (see `access`).
     access: access::AccessState,
+    /// Changes, for watchers (`WatchJob`, the dashboard's event stream).
+    events: Option<tokio::sync::broadcast::Sender<FarmEvent>>,
+}
+
+/// A change someone may be watching for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FarmEvent {
+    /// A job or one of its tasks changed.
+    Job(JobId),
+    /// A worker registered, reported telemetry or changed its health.
+    Worker(WorkerId),
 }
 
 impl State {
+    /// Tells watchers about a change (dropped when nobody listens).
+    fn announce(&self, event: FarmEvent) {
+        if let Some(tx) = &self.events {
+            let _ = tx.send(event);
+        }
+    }
+
     /// Installs a job's record and its changed tasks (written already),
     /// keeping blob references counted and the stitch queue current.
     fn install(&mut self, job: Job, changed: Vec<Task>, now: u64) {
@@ -348,6 +338,7 @@ impl State {
             }
         }
         self.queue_ready_frames(id);
+        self.announce(FarmEvent::Job(id));
     }
 
     /// The entries of `job`'s file set (none without one).
@@ -410,6 +401,7 @@ impl Farm {
             health: Default::default(),
             users: snap.users,
             access: access::AccessState::from_grants(snap.grants),
+            events: Some(tokio::sync::broadcast::channel(1024).0),
             ..Default::default()
         };
         for task in state.tasks.values_mut().flatten() {
@@ -470,6 +462,16 @@ impl Farm {
             config,
             queued: Notify::new(),
         })
+    }
+
+    /// Changes from now on. A receiver that falls behind gets
+    /// `Lagged` and should re-read what it shows.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<FarmEvent> {
+        self.lock()
+            .events
+            .as_ref()
+            .expect("a farm always has an event channel")
+            .subscribe()
     }
 
     /// Counters since start, for metrics.

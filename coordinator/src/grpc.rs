@@ -239,7 +239,9 @@ impl pb::farm_server::Farm for FarmService {
 
     async fn get_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
         let id = self.owned(&req)?;
-        let snap = self.farm.job(id)?;
+        let snap = self
+            .farm
+            .job_page(id, crate::convert::page(req.get_ref()))?;
         Ok(Response::new((&snap).into()))
     }
 
@@ -248,14 +250,73 @@ impl pb::farm_server::Farm for FarmService {
         req: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
         let who = who(&req)?;
-        let jobs = self
-            .farm
-            .jobs()
-            .iter()
-            .filter(|j| who.may_see(&j.job.owner))
-            .map(Into::into)
-            .collect();
-        Ok(Response::new(pb::ListJobsResponse { jobs }))
+        let r = req.get_ref();
+        let limit = match r.limit {
+            0 => 100,
+            n => n.min(1000),
+        };
+        let (jobs, next) = self.farm.job_list(&who, r.after, limit as usize);
+        Ok(Response::new(pb::ListJobsResponse {
+            jobs: jobs.iter().map(Into::into).collect(),
+            next_after: next.unwrap_or(0),
+        }))
+    }
+
+    type WatchJobStream = Pin<Box<dyn Stream<Item = Result<pb::JobEvent, Status>> + Send>>;
+
+    async fn watch_job(
+        &self,
+        req: Request<pb::JobRef>,
+    ) -> Result<Response<Self::WatchJobStream>, Status> {
+        let id = self.owned(&req)?;
+        let farm = self.farm.clone();
+        let mut events = farm.subscribe();
+        let first = farm.job_page(id, crate::farm::Page::SUMMARY)?;
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut snap = first;
+            loop {
+                let done = snap.job.state.is_final();
+                let event = pb::JobEvent {
+                    job: Some((&snap).into()),
+                };
+                if tx.send(Ok(event)).await.is_err() || done {
+                    return;
+                }
+                // Wait for a change of this job, then let a burst settle.
+                loop {
+                    match events.recv().await {
+                        Ok(crate::farm::FarmEvent::Job(j)) if j == id => break,
+                        Ok(_) => {}
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                while events.try_recv().is_ok() {}
+                snap = match farm.job_page(id, crate::farm::Page::SUMMARY) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = tx.send(Err(e.into())).await;
+                        return;
+                    }
+                };
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn archive_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
+        let id = self.owned(&req)?;
+        Ok(Response::new((&self.farm.archive(id)?).into()))
+    }
+
+    async fn delete_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::Ack>, Status> {
+        let id = self.owned(&req)?;
+        self.farm.delete(id)?;
+        Ok(Response::new(pb::Ack {}))
     }
 
     async fn cancel_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {

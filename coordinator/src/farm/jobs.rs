@@ -4,18 +4,55 @@
 use super::*;
 
 impl Farm {
-    /// One job and its tasks.
+    /// One job with all its tasks and outputs.
     pub fn job(&self, id: JobId) -> Result<JobSnapshot, Error> {
+        self.job_page(id, Page::ALL)
+    }
+
+    /// One job's summary with a page of its tasks and outputs.
+    pub fn job_page(&self, id: JobId, page: Page) -> Result<JobSnapshot, Error> {
         let st = self.lock();
         let job = st
             .jobs
             .get(&id)
             .ok_or_else(|| Error::NotFound(format!("job {id}")))?;
-        Ok(JobSnapshot {
-            job: job.clone(),
-            tasks: st.tasks.get(&id).cloned().unwrap_or_default(),
-            waiting: self.waiting(&st, job),
-        })
+        Ok(views::snapshot(
+            job,
+            st.tasks.get(&id).map_or(&[], |t| t.as_slice()),
+            page,
+            self.waiting(&st, job),
+        ))
+    }
+
+    /// Summaries of up to `limit` jobs with ids above `after` that `who` may
+    /// see, oldest first, and the `after` of the next page (None at the end).
+    pub fn job_list(
+        &self,
+        who: &Identity,
+        after: u64,
+        limit: usize,
+    ) -> (Vec<JobSnapshot>, Option<u64>) {
+        let st = self.lock();
+        let mut out = Vec::new();
+        let mut next = None;
+        for job in st
+            .jobs
+            .range(JobId(after.saturating_add(1))..)
+            .map(|(_, j)| j)
+            .filter(|j| who.may_see(&j.owner))
+        {
+            if out.len() == limit {
+                next = out.last().map(|s: &JobSnapshot| s.job.id.0);
+                break;
+            }
+            out.push(views::snapshot(
+                job,
+                st.tasks.get(&job.id).map_or(&[], |t| t.as_slice()),
+                Page::SUMMARY,
+                self.waiting(&st, job),
+            ));
+        }
+        (out, next)
     }
 
     /// Why an unfinished job is not making progress, when it is not: no
@@ -66,10 +103,13 @@ impl Farm {
         let st = self.lock();
         st.jobs
             .values()
-            .map(|job| JobSnapshot {
-                job: job.clone(),
-                tasks: st.tasks.get(&job.id).cloned().unwrap_or_default(),
-                waiting: self.waiting(&st, job),
+            .map(|job| {
+                views::snapshot(
+                    job,
+                    st.tasks.get(&job.id).map_or(&[], |t| t.as_slice()),
+                    Page::ALL,
+                    self.waiting(&st, job),
+                )
             })
             .collect()
     }
@@ -105,11 +145,7 @@ impl Farm {
         let waiting = self.waiting(&st, &job);
         drop(st);
         self.queued.notify_waiters();
-        Ok(JobSnapshot {
-            job,
-            tasks,
-            waiting,
-        })
+        Ok(views::snapshot(&job, &tasks, Page::SUMMARY, waiting))
     }
 
     /// Pauses a job: no new leases; running renders stop and their tasks go
@@ -153,5 +189,17 @@ impl Farm {
         })?;
         tracing::info!(job = %id, "job canceled");
         Ok(snap)
+    }
+}
+
+impl Farm {
+    /// Takes a finished job out of the scheduler's memory, keeping its summary.
+    pub fn archive(&self, id: JobId) -> Result<JobSnapshot, Error> {
+        Err(Error::Conflict(format!("job {id} cannot be archived yet")))
+    }
+
+    /// Forgets a finished job and frees its blobs.
+    pub fn delete(&self, id: JobId) -> Result<(), Error> {
+        Err(Error::Conflict(format!("job {id} cannot be deleted yet")))
     }
 }

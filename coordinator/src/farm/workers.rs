@@ -52,6 +52,7 @@ impl Farm {
         self.store.write(&[Record::Worker(&record)])?;
         tracing::info!(worker = %id, name = %record.name, slots = record.slots, "worker registered");
         st.workers.insert(id.clone(), record);
+        st.announce(FarmEvent::Worker(id.clone()));
         Ok((id, self.config.lease_ttl_ms))
     }
 
@@ -129,6 +130,7 @@ impl Farm {
             let record = record.clone();
             self.store.write(&[Record::Worker(&record)])?;
         }
+        st.announce(FarmEvent::Worker(worker.clone()));
         drop(st);
         if before.is_some() && after.is_none() {
             self.queued.notify_waiters();

@@ -390,12 +390,12 @@ pub fn render_refuses_strangers(other_token: &str) -> usize {
             .unwrap();
         let mut farm = pb::farm_client::FarmClient::new(channel.clone());
         refused(
-            farm.list_jobs(pb::ListJobsRequest {}).await,
+            farm.list_jobs(pb::ListJobsRequest::default()).await,
             tonic::Code::Unauthenticated,
             "no token given",
         );
         refused(
-            farm.list_jobs(authed(pb::ListJobsRequest {}, other_token))
+            farm.list_jobs(authed(pb::ListJobsRequest::default(), other_token))
                 .await,
             tonic::Code::Unauthenticated,
             "the token is not valid",

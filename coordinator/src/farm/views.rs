@@ -1,0 +1,202 @@
+//! What users see of jobs: summaries with counts, and pages of tasks and
+//! outputs, so that a view of a million-task job stays small.
+
+use super::*;
+
+/// Which part of a job's tasks and outputs a view includes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Page {
+    /// First task index.
+    pub task_from: u32,
+    /// Most tasks (0: none).
+    pub task_limit: u32,
+    /// First output position (outputs are ordered by frame, then pass).
+    pub output_from: u32,
+    /// Most outputs (0: none).
+    pub output_limit: u32,
+}
+
+impl Page {
+    /// The largest page a caller may ask for.
+    pub const MAX: u32 = 10_000;
+
+    /// The summary alone.
+    pub const SUMMARY: Page = Page {
+        task_from: 0,
+        task_limit: 0,
+        output_from: 0,
+        output_limit: 0,
+    };
+
+    /// Everything (for the coordinator's own use and tests; never for a
+    /// remote caller).
+    pub const ALL: Page = Page {
+        task_from: 0,
+        task_limit: u32::MAX,
+        output_from: 0,
+        output_limit: u32::MAX,
+    };
+
+    /// The page with its limits capped at [`Page::MAX`].
+    pub fn capped(self) -> Page {
+        Page {
+            task_limit: self.task_limit.min(Self::MAX),
+            output_limit: self.output_limit.min(Self::MAX),
+            ..self
+        }
+    }
+}
+
+/// A job's tasks counted by state, and its progress.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TaskCounts {
+    /// Tasks waiting for a slot.
+    pub queued: u32,
+    /// Tasks held by workers.
+    pub leased: u32,
+    /// Tasks done.
+    pub done: u32,
+    /// Tasks out of attempts.
+    pub failed: u32,
+    /// Tasks canceled.
+    pub canceled: u32,
+    /// Frames rendered (stitched frames for a tiled job).
+    pub frames_done: u32,
+    /// Outputs, passes included.
+    pub outputs: u32,
+    /// Frames finished by running tasks.
+    pub running_frames_done: u32,
+    /// Cycles samples done and to do by running tasks.
+    pub samples_done: u64,
+    /// Cycles samples to do by running tasks.
+    pub samples_total: u64,
+}
+
+/// Tile completion of one frame of a tiled job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameTiles {
+    /// The frame.
+    pub frame: u32,
+    /// Tiles done.
+    pub done: u32,
+    /// Tiles in all.
+    pub total: u32,
+    /// Whether the frame is stitched.
+    pub stitched: bool,
+}
+
+/// A job as shown to users: its record, counts, and the page asked for.
+#[derive(Debug, Clone)]
+pub struct JobSnapshot {
+    /// The job.
+    pub job: Job,
+    /// The page of its tasks, by index.
+    pub tasks: Vec<Task>,
+    /// The page of its outputs.
+    pub outputs: Vec<FrameOutput>,
+    /// Tile completion of the frames whose tasks are in the page.
+    pub frame_tiles: Vec<FrameTiles>,
+    /// Its tasks by state.
+    pub counts: TaskCounts,
+    /// Why it is not running, when no online worker can serve it.
+    pub waiting: Option<String>,
+    /// Whether only its summary is kept.
+    pub archived: bool,
+}
+
+impl JobSnapshot {
+    /// The outputs of the page (the frames rendered, for `Page::ALL`).
+    pub fn outputs(&self) -> Vec<FrameOutput> {
+        self.outputs.clone()
+    }
+}
+
+/// Counts of `tasks` of `job`.
+pub(super) fn count(job: &Job, tasks: &[Task]) -> TaskCounts {
+    let mut c = TaskCounts::default();
+    for t in tasks {
+        match &t.state {
+            TaskState::Queued => c.queued += 1,
+            TaskState::Leased { .. } => {
+                c.leased += 1;
+                c.running_frames_done += t.frames_done;
+                c.samples_done += u64::from(t.samples_done);
+                c.samples_total += u64::from(t.samples_total);
+            }
+            TaskState::Done { outputs } => {
+                c.done += 1;
+                if !job.is_tiled() {
+                    c.outputs += outputs.len() as u32;
+                    c.frames_done += outputs.iter().filter(|o| o.pass.is_empty()).count() as u32;
+                }
+            }
+            TaskState::Failed { .. } => c.failed += 1,
+            TaskState::Canceled => c.canceled += 1,
+        }
+    }
+    if job.is_tiled() {
+        c.outputs = job.stitched.len() as u32;
+        c.frames_done = job.stitched.iter().filter(|o| o.pass.is_empty()).count() as u32;
+    }
+    c
+}
+
+/// The view of `job` (whose tasks are `tasks`) with `page`.
+pub(super) fn snapshot(
+    job: &Job,
+    tasks: &[Task],
+    page: Page,
+    waiting: Option<String>,
+) -> JobSnapshot {
+    let from = (page.task_from as usize).min(tasks.len());
+    let to = from
+        .saturating_add(page.task_limit as usize)
+        .min(tasks.len());
+    let paged = &tasks[from..to];
+    let outputs: Vec<FrameOutput> = if job.is_tiled() {
+        job.stitched
+            .iter()
+            .skip(page.output_from as usize)
+            .take(page.output_limit as usize)
+            .cloned()
+            .collect()
+    } else if page.output_limit == 0 {
+        Vec::new()
+    } else {
+        tasks
+            .iter()
+            .filter_map(|t| match &t.state {
+                TaskState::Done { outputs } => Some(outputs),
+                _ => None,
+            })
+            .flatten()
+            .skip(page.output_from as usize)
+            .take(page.output_limit as usize)
+            .cloned()
+            .collect()
+    };
+    let mut frame_tiles: Vec<FrameTiles> = Vec::new();
+    if job.is_tiled() && !paged.is_empty() {
+        let per_frame = job.grid.count() as usize;
+        let first = from / per_frame * per_frame;
+        let last = to.div_ceil(per_frame) * per_frame;
+        for frame in tasks[first..last.min(tasks.len())].chunks(per_frame) {
+            let f = frame[0].frames[0];
+            frame_tiles.push(FrameTiles {
+                frame: f,
+                done: frame.iter().filter(|t| t.is_done()).count() as u32,
+                total: frame.len() as u32,
+                stitched: job.stitched.iter().any(|o| o.frame == f),
+            });
+        }
+    }
+    JobSnapshot {
+        job: job.clone(),
+        tasks: paged.to_vec(),
+        outputs,
+        frame_tiles,
+        counts: count(job, tasks),
+        waiting,
+        archived: false,
+    }
+}
