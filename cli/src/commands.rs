@@ -100,7 +100,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Users(cmd) => users(&url, cmd).await,
         Command::Jobs(j) => {
             let mut c = Client::new(&url)?;
-            let jobs = c.jobs(false).await?;
+            let jobs = c.jobs(j.archived).await?;
             if j.json {
                 println!(
                     "{}",
@@ -160,6 +160,30 @@ pub async fn run(cli: Cli) -> Result<()> {
                 .await
                 .map_err(|s| c.explain(s))?;
             eprintln!("job {job} canceled");
+            Ok(())
+        }
+        Command::Archive { job } => {
+            let mut c = Client::new(&url)?;
+            c.farm
+                .archive_job(pb::JobRef {
+                    job_id: job,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|s| c.explain(s))?;
+            eprintln!("job {job} archived; `tessera jobs --archived` lists it");
+            Ok(())
+        }
+        Command::Delete { job } => {
+            let mut c = Client::new(&url)?;
+            c.farm
+                .delete_job(pb::JobRef {
+                    job_id: job,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|s| c.explain(s))?;
+            eprintln!("job {job} deleted");
             Ok(())
         }
         Command::Pause { job } => {
@@ -265,6 +289,11 @@ pub fn coordinator_config(a: &CoordinatorArgs) -> Result<tessera_coordinator::Co
         max_pixels: a.max_pixels,
         max_workers_per_token: a.max_workers_per_token.max(1),
         max_slots: a.max_slots.max(1),
+        keep_ms: match a.keep_days {
+            Some(d) if d.is_finite() && d >= 0.0 => Some((d * 86_400_000.0) as u64),
+            Some(d) => bail!("--keep-days {d} is not a number of days; use 0 or more"),
+            None => None,
+        },
     })
 }
 

@@ -48,7 +48,7 @@ enum Command {
     /// Submit a scene for rendering; prints the job id.
     Submit(SubmitArgs),
     /// List jobs.
-    Jobs(JsonArg),
+    Jobs(JobsArgs),
     /// Show one job.
     Status {
         /// The job id.
@@ -86,6 +86,17 @@ enum Command {
     },
     /// Re-queue the failed and canceled tasks of a failed or canceled job.
     Retry {
+        /// The job id.
+        job: u64,
+    },
+    /// Take a finished job out of the coordinator's memory; its summary and
+    /// frames stay (`jobs --archived`, `fetch`).
+    Archive {
+        /// The job id.
+        job: u64,
+    },
+    /// Forget a finished job: its records go and its frames' storage is freed.
+    Delete {
         /// The job id.
         job: u64,
     },
@@ -140,6 +151,16 @@ struct JsonArg {
 }
 
 #[derive(Args, Debug)]
+struct JobsArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Include archived jobs.
+    #[arg(long)]
+    archived: bool,
+}
+
+#[derive(Args, Debug)]
 struct CoordinatorArgs {
     /// gRPC listen address.
     #[arg(long, default_value = "127.0.0.1:7878")]
@@ -154,9 +175,14 @@ struct CoordinatorArgs {
     /// anyone last uploaded or asked about it (default: twice --lease-ttl).
     #[arg(long)]
     blob_grace: Option<f64>,
-    /// Most frames in one job.
-    #[arg(long, default_value_t = 100_000)]
+    /// Most frames (tasks) in one job.
+    #[arg(long, default_value_t = 1_000_000)]
     max_frames: u64,
+    /// Archive finished jobs this many days after they end (they leave the
+    /// scheduler's memory; `tessera jobs --archived` lists them). Off when
+    /// not given.
+    #[arg(long)]
+    keep_days: Option<f64>,
     /// Failures a task may have before its job fails (default for jobs).
     #[arg(long, default_value_t = 3)]
     max_attempts: u32,

@@ -153,7 +153,11 @@ pub fn jobs(jobs: &[pb::JobView]) {
         .map(|j| {
             vec![
                 j.id.to_string(),
-                job_state(j.state),
+                if j.archived {
+                    format!("{} (archived)", job_state(j.state))
+                } else {
+                    job_state(j.state)
+                },
                 format!("{}/{}", crate::client::frame_count(j), j.frames_total),
                 j.frames.clone(),
                 j.priority.to_string(),

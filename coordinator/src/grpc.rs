@@ -42,6 +42,18 @@ impl From<Error> for Status {
     }
 }
 
+/// Runs a domain call that waits for the store off the runtime's threads.
+async fn blocking<T: Send + 'static>(
+    farm: &Arc<Farm>,
+    f: impl FnOnce(&Farm) -> Result<T, Error> + Send + 'static,
+) -> Result<T, Status> {
+    let farm = farm.clone();
+    tokio::task::spawn_blocking(move || f(&farm))
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(Status::from)
+}
+
 /// Checks the bearer token of a request and attaches the caller's
 /// [`Identity`]; only `roles` may call the service.
 pub fn authorize(farm: &Farm, mut req: Request<()>, roles: &[Role]) -> Result<Request<()>, Status> {
@@ -233,7 +245,7 @@ impl pb::farm_server::Farm for FarmService {
         let mut sub: crate::farm::Submission = req.into_inner().try_into()?;
         self.farm.check_submission(&who, &sub)?;
         sub.owner = who.name;
-        let id = self.farm.submit(sub)?;
+        let id = blocking(&self.farm, move |f| f.submit(sub)).await?;
         Ok(Response::new(pb::SubmitJobResponse { job_id: id.0 }))
     }
 
@@ -255,7 +267,7 @@ impl pb::farm_server::Farm for FarmService {
             0 => 100,
             n => n.min(1000),
         };
-        let (jobs, next) = self.farm.job_list(&who, r.after, limit as usize);
+        let (jobs, next) = self.farm.job_list(&who, r.after, limit as usize, r.archived);
         Ok(Response::new(pb::ListJobsResponse {
             jobs: jobs.iter().map(Into::into).collect(),
             next_after: next.unwrap_or(0),
@@ -310,33 +322,38 @@ impl pb::farm_server::Farm for FarmService {
 
     async fn archive_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
         let id = self.owned(&req)?;
-        Ok(Response::new((&self.farm.archive(id)?).into()))
+        let view = blocking(&self.farm, move |f| f.archive(id)).await?;
+        Ok(Response::new((&view).into()))
     }
 
     async fn delete_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::Ack>, Status> {
         let id = self.owned(&req)?;
-        self.farm.delete(id)?;
+        blocking(&self.farm, move |f| f.delete(id)).await?;
         Ok(Response::new(pb::Ack {}))
     }
 
     async fn cancel_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
         let id = self.owned(&req)?;
-        Ok(Response::new((&self.farm.cancel(id)?).into()))
+        let view = blocking(&self.farm, move |f| f.cancel(id)).await?;
+        Ok(Response::new((&view).into()))
     }
 
     async fn pause_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
         let id = self.owned(&req)?;
-        Ok(Response::new((&self.farm.pause(id)?).into()))
+        let view = blocking(&self.farm, move |f| f.pause(id)).await?;
+        Ok(Response::new((&view).into()))
     }
 
     async fn resume_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
         let id = self.owned(&req)?;
-        Ok(Response::new((&self.farm.resume(id)?).into()))
+        let view = blocking(&self.farm, move |f| f.resume(id)).await?;
+        Ok(Response::new((&view).into()))
     }
 
     async fn retry_job(&self, req: Request<pb::JobRef>) -> Result<Response<pb::JobView>, Status> {
         let id = self.owned(&req)?;
-        Ok(Response::new((&self.farm.retry(id)?).into()))
+        let view = blocking(&self.farm, move |f| f.retry(id)).await?;
+        Ok(Response::new((&view).into()))
     }
 
     async fn list_workers(
@@ -354,7 +371,8 @@ impl pb::farm_server::Farm for FarmService {
         let who = who(&req)?;
         let r = req.into_inner();
         let role = Role::parse(&r.role)?;
-        let token = self.farm.add_user(&who, &r.name, role)?;
+        let name = r.name.clone();
+        let token = blocking(&self.farm, move |f| f.add_user(&who, &name, role)).await?;
         Ok(Response::new(pb::AddUserResponse {
             name: r.name,
             token,
@@ -383,7 +401,8 @@ impl pb::farm_server::Farm for FarmService {
         req: Request<pb::RemoveUserRequest>,
     ) -> Result<Response<pb::Ack>, Status> {
         let who = who(&req)?;
-        self.farm.remove_user(&who, &req.into_inner().name)?;
+        let name = req.into_inner().name;
+        blocking(&self.farm, move |f| f.remove_user(&who, &name)).await?;
         Ok(Response::new(pb::Ack {}))
     }
 }
@@ -397,7 +416,7 @@ impl pb::work_server::Work for WorkService {
         let who = who(&req)?;
         let mut reg: crate::farm::Registration = req.into_inner().into();
         reg.owner = who.name;
-        let (id, ttl) = self.farm.register(reg)?;
+        let (id, ttl) = blocking(&self.farm, move |f| f.register(reg)).await?;
         Ok(Response::new(pb::RegisterResponse {
             worker_id: id.0,
             lease_ttl_ms: ttl.min(u64::from(u32::MAX)) as u32,
@@ -455,10 +474,7 @@ impl pb::work_server::Work for WorkService {
         let lease = lease(&req.lease_id)?;
         self.farm.check_complete(&who, lease, &outputs)?;
         // Completing the last tile of a frame stitches it: disk and CPU work.
-        let farm = self.farm.clone();
-        tokio::task::spawn_blocking(move || farm.complete(lease, outputs))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))??;
+        blocking(&self.farm, move |f| f.complete(lease, outputs)).await?;
         Ok(Response::new(pb::Ack {}))
     }
 
@@ -467,12 +483,11 @@ impl pb::work_server::Work for WorkService {
         let req = req.into_inner();
         let lease = lease(&req.lease_id)?;
         self.farm.check_lease(&who, lease)?;
-        self.farm.fail(
-            lease,
-            &req.reason,
-            &req.log_tail,
-            crate::convert::failure_scope(req.scope, req.permanent),
-        )?;
+        let scope = crate::convert::failure_scope(req.scope, req.permanent);
+        blocking(&self.farm, move |f| {
+            f.fail(lease, &req.reason, &req.log_tail, scope)
+        })
+        .await?;
         Ok(Response::new(pb::Ack {}))
     }
 
@@ -486,7 +501,7 @@ impl pb::work_server::Work for WorkService {
         self.farm.check_worker(&who, &worker)?;
         let gpus = req.gpus.into_iter().map(Into::into).collect();
         let slots = req.slot_info.iter().map(crate::convert::slot_cap).collect();
-        self.farm.telemetry(&worker, gpus, slots)?;
+        blocking(&self.farm, move |f| f.telemetry(&worker, gpus, slots)).await?;
         Ok(Response::new(pb::Ack {}))
     }
 
@@ -494,7 +509,7 @@ impl pb::work_server::Work for WorkService {
         let who = who(&req)?;
         let lease = lease(&req.into_inner().lease_id)?;
         self.farm.check_lease(&who, lease)?;
-        self.farm.release(lease)?;
+        blocking(&self.farm, move |f| f.release(lease)).await?;
         Ok(Response::new(pb::Ack {}))
     }
 }

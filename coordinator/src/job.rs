@@ -62,7 +62,7 @@ impl JobState {
 }
 
 /// A render job: one scene, a set of frames, split into tasks.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Job {
     /// Its id.
     pub id: JobId,

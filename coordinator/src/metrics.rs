@@ -6,7 +6,6 @@ use std::fmt::Write;
 
 use crate::farm::{Farm, DURATION_BUCKETS};
 use crate::job::JobState;
-use crate::task::TaskState;
 
 /// Escapes a label value.
 fn label(v: &str) -> String {
@@ -38,7 +37,7 @@ impl Out {
 
 /// The farm's metrics in Prometheus text format (version 0.0.4).
 pub fn render(farm: &Farm) -> String {
-    let jobs = farm.jobs();
+    let jobs = farm.job_summaries();
     let workers = farm.workers();
     let stats = farm.stats();
     let mut o = Out(String::new());
@@ -48,12 +47,16 @@ pub fn render(farm: &Farm) -> String {
         "gauge",
         "Tasks by state (queue depth is state=\"queued\").",
     );
-    for state in ["queued", "leased", "done", "failed", "canceled"] {
-        let n = jobs
-            .iter()
-            .flat_map(|j| &j.tasks)
-            .filter(|t| t.state_name() == state)
-            .count();
+    type Count = fn(&crate::farm::TaskCounts) -> u32;
+    let by_state: [(&str, Count); 5] = [
+        ("queued", |c| c.queued),
+        ("leased", |c| c.leased),
+        ("done", |c| c.done),
+        ("failed", |c| c.failed),
+        ("canceled", |c| c.canceled),
+    ];
+    for (state, count) in by_state {
+        let n: u64 = jobs.iter().map(|j| u64::from(count(&j.counts))).sum();
         o.sample("tessera_tasks", &[("state", state)], n as f64);
     }
     o.family("tessera_jobs", "gauge", "Jobs by state.");
@@ -72,11 +75,7 @@ pub fn render(farm: &Farm) -> String {
         "gauge",
         "Tasks leased to workers now.",
     );
-    let leased = jobs
-        .iter()
-        .flat_map(|j| &j.tasks)
-        .filter(|t| matches!(t.state, TaskState::Leased { .. }))
-        .count();
+    let leased: u64 = jobs.iter().map(|j| u64::from(j.counts.leased)).sum();
     o.sample("tessera_leases_active", &[], leased as f64);
     o.family(
         "tessera_leases_granted_total",
@@ -97,6 +96,22 @@ pub fn render(farm: &Farm) -> String {
         "tessera_leases_expired_total",
         &[],
         stats.leases_expired as f64,
+    );
+    o.family(
+        "tessera_store_commits_total",
+        "counter",
+        "Store transactions written since start (one flush and fsync each).",
+    );
+    o.sample("tessera_store_commits_total", &[], stats.commits as f64);
+    o.family(
+        "tessera_store_changes_total",
+        "counter",
+        "Changes written since start; over commits, the mean group-commit size.",
+    );
+    o.sample(
+        "tessera_store_changes_total",
+        &[],
+        stats.committed_changes as f64,
     );
     o.family(
         "tessera_task_failures_total",
@@ -140,10 +155,7 @@ pub fn render(farm: &Farm) -> String {
         "counter",
         "Frames rendered (stitched, for tiled jobs) and stored.",
     );
-    let frames: usize = jobs
-        .iter()
-        .map(|j| j.outputs().iter().filter(|o| o.pass.is_empty()).count())
-        .sum();
+    let frames: u64 = jobs.iter().map(|j| u64::from(j.counts.frames_done)).sum();
     o.sample("tessera_frames_rendered_total", &[], frames as f64);
 
     o.family("tessera_workers", "gauge", "Workers by state.");

@@ -102,17 +102,27 @@ impl Coordinator {
         let farm = self.farm.clone();
         let reaper = tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(500));
+            let mut ticks: u64 = 0;
             loop {
                 tick.tick().await;
-                if let Err(e) = farm.expire_leases() {
-                    tracing::error!("cannot expire leases: {e}");
-                }
-                // Frames left in the stitch queue (a stitch that failed to
-                // read, a retry after a cancel) and blobs nothing references.
+                ticks += 1;
+                // Off the runtime's threads: these wait for the store.
                 let f = farm.clone();
                 let _ = tokio::task::spawn_blocking(move || {
+                    if let Err(e) = f.expire_leases() {
+                        tracing::error!("cannot expire leases: {e}");
+                    }
+                    // Frames left in the stitch queue (a stitch that failed to
+                    // read, a retry after a cancel) and blobs nothing references.
                     f.stitch_pending();
                     f.collect_garbage();
+                    // Finished jobs past --keep-days, twice a minute.
+                    if let (Some(keep), 0) = (f.config().keep_ms, ticks % 60) {
+                        let n = f.archive_older_than(keep);
+                        if n > 0 {
+                            tracing::info!(jobs = n, "finished jobs archived (--keep-days)");
+                        }
+                    }
                 })
                 .await;
             }

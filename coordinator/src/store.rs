@@ -35,6 +35,36 @@ pub enum Record<'a> {
     /// The user of this name uploaded (proved it holds) the blob, and may
     /// name it in jobs and read it back.
     Grant(&'a str, Digest),
+    /// Archives a finished job: its summary and outputs are kept, its job
+    /// record goes (its task records are then ignored, and purged).
+    Archive(&'a ArchivedJob),
+    /// Forgets a job, live or archived (its task records are then ignored,
+    /// and purged).
+    Delete(JobId),
+    /// Job ids below this one are spent, even if their job never landed.
+    NextJob(u64),
+}
+
+/// A summary of an archived job, kept in memory.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ArchivedSummary {
+    /// The job record (its stitched frames moved to the outputs).
+    pub job: Job,
+    /// Its tasks by state when it was archived.
+    pub counts: crate::farm::TaskCounts,
+}
+
+/// An archived job as stored.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ArchivedJob {
+    /// What stays in memory.
+    pub summary: ArchivedSummary,
+    /// Every blob it references (scene, file set and entries, outputs):
+    /// counted at start so that none is collected.
+    pub blobs: Vec<Digest>,
+    /// Its outputs, read only when asked for.
+    #[serde(default, skip_serializing)]
+    pub outputs: Vec<crate::task::FrameOutput>,
 }
 
 /// Everything the store holds, read at start-up.
@@ -50,6 +80,10 @@ pub struct Snapshot {
     pub users: BTreeMap<String, UserRecord>,
     /// (user name, blob) pairs: who uploaded or was granted which blob.
     pub grants: BTreeSet<(String, Digest)>,
+    /// Archived jobs (their outputs left out; see [`MetaStore::archived_outputs`]).
+    pub archived: BTreeMap<JobId, ArchivedJob>,
+    /// The least id a new job may have (ids of deleted jobs are never reused).
+    pub next_job: u64,
 }
 
 /// Durable storage of the coordinator's metadata.
@@ -58,6 +92,13 @@ pub trait MetaStore: Send + Sync + 'static {
     fn load(&self) -> Result<Snapshot, Error>;
     /// Writes `records` atomically; they are durable when this returns.
     fn write(&self, records: &[Record<'_>]) -> Result<(), Error>;
+    /// An archived job's record (its outputs left out).
+    fn load_archived(&self, id: JobId) -> Result<Option<ArchivedJob>, Error>;
+    /// The outputs of an archived job.
+    fn archived_outputs(&self, id: JobId) -> Result<Vec<crate::task::FrameOutput>, Error>;
+    /// Deletes the task records of a job that was archived or deleted (they
+    /// are ignored already; this frees their space). Not atomic.
+    fn purge_tasks(&self, id: JobId) -> Result<(), Error>;
 }
 
 /// `user NUL hex-digest`: user names never hold a NUL (see `auth::check_name`).
@@ -85,6 +126,13 @@ fn task_key(job: JobId, index: u32) -> [u8; 12] {
 }
 
 /// Metadata in sled trees under `DIR/db`.
+///
+/// sled's `flush` waits for `sync_file_range`, which reaches neither the
+/// device's cache nor the file's metadata (sled 0.34.7,
+/// `pagecache/iobuf.rs`), and large values go to files under `blobs/` that
+/// sled never syncs. So after each flush this store `fsync`s sled's log file
+/// and any new value file (and their directory): acknowledged means on disk,
+/// power cuts included.
 pub struct SledStore {
     db: sled::Db,
     jobs: sled::Tree,
@@ -92,6 +140,14 @@ pub struct SledStore {
     workers: sled::Tree,
     users: sled::Tree,
     grants: sled::Tree,
+    archive: sled::Tree,
+    archive_outputs: sled::Tree,
+    meta: sled::Tree,
+    /// sled's log file, synced after every flush.
+    log: std::fs::File,
+    /// sled's directory of large values, and those already synced.
+    value_dir: std::path::PathBuf,
+    synced_values: Mutex<std::collections::HashSet<std::ffi::OsString>>,
     /// Makes the next flush fail, for tests of the undo path.
     #[cfg(test)]
     fail_flush: std::sync::atomic::AtomicBool,
@@ -106,12 +162,21 @@ impl SledStore {
                 path.display()
             ))
         })?;
+        let log = std::fs::File::open(path.join("db")).map_err(|e| {
+            Error::Store(format!("cannot open {}: {e}", path.join("db").display()))
+        })?;
         Ok(Self {
             jobs: db.open_tree("jobs")?,
             tasks: db.open_tree("tasks")?,
             workers: db.open_tree("workers")?,
             users: db.open_tree("users")?,
             grants: db.open_tree("grants")?,
+            archive: db.open_tree("archive")?,
+            archive_outputs: db.open_tree("archive_outputs")?,
+            meta: db.open_tree("meta")?,
+            log,
+            value_dir: path.join("blobs"),
+            synced_values: Default::default(),
             db,
             #[cfg(test)]
             fail_flush: Default::default(),
@@ -153,14 +218,52 @@ impl MetaStore for SledStore {
             let (k, _) = item?;
             snap.grants.insert(parse_grant_key(&k)?);
         }
+        for item in self.archive.iter() {
+            let (_, v) = item?;
+            let a: ArchivedJob = serde_json::from_slice(&v)?;
+            snap.archived.insert(a.summary.job.id, a);
+        }
+        snap.next_job = self.next_job()?;
         Ok(snap)
+    }
+
+    fn load_archived(&self, id: JobId) -> Result<Option<ArchivedJob>, Error> {
+        match self.archive.get(id.0.to_be_bytes())? {
+            Some(v) => Ok(Some(serde_json::from_slice(&v)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn archived_outputs(&self, id: JobId) -> Result<Vec<crate::task::FrameOutput>, Error> {
+        match self.archive_outputs.get(id.0.to_be_bytes())? {
+            Some(v) => Ok(serde_json::from_slice(&v)?),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn purge_tasks(&self, id: JobId) -> Result<(), Error> {
+        let mut batch = sled::Batch::default();
+        let mut n = 0usize;
+        for item in self.tasks.range(task_key(id, 0)..=task_key(id, u32::MAX)) {
+            let (k, _) = item?;
+            batch.remove(k);
+            n += 1;
+            if n.is_multiple_of(10_000) {
+                self.tasks.apply_batch(std::mem::take(&mut batch))?;
+            }
+        }
+        self.tasks.apply_batch(batch)?;
+        tracing::debug!(job = %id, tasks = n, "task records purged");
+        Ok(())
     }
 
     fn write(&self, records: &[Record<'_>]) -> Result<(), Error> {
         // (tree, key, value); a value of None deletes. Tree 0 = jobs, written
-        // last (see `load`), 1 = tasks, 2 = workers, 3 = users, 4 = grants.
+        // last (see `load`), 1 = tasks, 2 = workers, 3 = users, 4 = grants,
+        // 5 = archive, 6 = archive outputs, 7 = meta.
         let mut encoded: Vec<(u8, Vec<u8>, Option<Vec<u8>>)> = Vec::with_capacity(records.len());
         for r in records {
+            let mut also: Vec<(u8, Vec<u8>, Option<Vec<u8>>)> = Vec::new();
             encoded.push(match r {
                 Record::Job(j) => (
                     0u8,
@@ -176,7 +279,26 @@ impl MetaStore for SledStore {
                 Record::User(u) => (3, u.name.as_bytes().to_vec(), Some(serde_json::to_vec(u)?)),
                 Record::RemoveUser(name) => (3, name.as_bytes().to_vec(), None),
                 Record::Grant(user, d) => (4, grant_key(user, d), Some(Vec::new())),
+                Record::Archive(a) => {
+                    let key = a.summary.job.id.0.to_be_bytes().to_vec();
+                    also.push((6, key.clone(), Some(serde_json::to_vec(&a.outputs)?)));
+                    also.push((5, key.clone(), Some(serde_json::to_vec(a)?)));
+                    (0, key, None)
+                }
+                Record::NextJob(n) => {
+                    let next = (*n).max(self.next_job()?);
+                    (7, b"next_job".to_vec(), Some(next.to_be_bytes().to_vec()))
+                }
+                Record::Delete(id) => {
+                    let key = id.0.to_be_bytes().to_vec();
+                    let next = (id.0 + 1).max(self.next_job()?);
+                    also.push((7, b"next_job".to_vec(), Some(next.to_be_bytes().to_vec())));
+                    also.push((6, key.clone(), None));
+                    also.push((5, key.clone(), None));
+                    (0, key, None)
+                }
             });
+            encoded.extend(also);
         }
         let before = self.apply(&encoded)?;
         if let Err(e) = self.flush() {
@@ -198,6 +320,15 @@ impl MetaStore for SledStore {
 }
 
 impl SledStore {
+    /// The least id a new job may have, as last stored.
+    fn next_job(&self) -> Result<u64, Error> {
+        Ok(self
+            .meta
+            .get(b"next_job")?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
+            .map_or(0, u64::from_be_bytes))
+    }
+
     /// Applies `encoded` in one transaction (jobs last) and returns the values
     /// it replaced, in order, for undoing it.
     #[allow(clippy::type_complexity)]
@@ -211,8 +342,11 @@ impl SledStore {
             &self.workers,
             &self.users,
             &self.grants,
+            &self.archive,
+            &self.archive_outputs,
+            &self.meta,
         )
-            .transaction(|(jobs, tasks, workers, users, grants)| {
+            .transaction(|(jobs, tasks, workers, users, grants, archive, outputs, meta)| {
                 let ordered = encoded
                     .iter()
                     .filter(|e| e.0 != 0)
@@ -224,7 +358,10 @@ impl SledStore {
                         1 => tasks,
                         2 => workers,
                         3 => users,
-                        _ => grants,
+                        4 => grants,
+                        5 => archive,
+                        6 => outputs,
+                        _ => meta,
                     };
                     let old = match value {
                         Some(v) => t.insert(key.as_slice(), v.as_slice())?,
@@ -252,6 +389,42 @@ impl SledStore {
                 "cannot flush the metadata to disk: {e}; check free space on the --data volume"
             ))
         })?;
+        self.sync().map_err(|e| {
+            Error::Store(format!(
+                "cannot sync the metadata to disk: {e}; check the --data volume"
+            ))
+        })
+    }
+
+    /// `fsync`s sled's log and the large-value files not synced yet.
+    fn sync(&self) -> std::io::Result<()> {
+        self.log.sync_all()?;
+        let entries = match std::fs::read_dir(&self.value_dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let mut synced = self.synced_values.lock().unwrap_or_else(|e| e.into_inner());
+        let mut present = std::collections::HashSet::new();
+        let mut new = false;
+        for entry in entries {
+            let entry = entry?;
+            let name = entry.file_name();
+            if !synced.contains(&name) {
+                match std::fs::File::open(entry.path()) {
+                    Ok(f) => f.sync_all()?,
+                    // sled removed it meanwhile.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e),
+                }
+                new = true;
+            }
+            present.insert(name);
+        }
+        if new {
+            std::fs::File::open(&self.value_dir)?.sync_all()?;
+        }
+        *synced = present;
         Ok(())
     }
 }
@@ -263,6 +436,9 @@ struct Tables {
     workers: BTreeMap<WorkerId, WorkerRecord>,
     users: BTreeMap<String, UserRecord>,
     grants: BTreeSet<(String, Digest)>,
+    archived: BTreeMap<JobId, ArchivedJob>,
+    outputs: BTreeMap<JobId, Vec<crate::task::FrameOutput>>,
+    next_job: u64,
 }
 
 /// Metadata in memory, for unit tests.
@@ -288,12 +464,31 @@ impl MetaStore for MemoryStore {
             workers: inner.workers.clone(),
             users: inner.users.clone(),
             grants: inner.grants.clone(),
+            archived: inner.archived.clone(),
+            next_job: inner.next_job,
             ..Default::default()
         };
         for ((job, _), task) in &inner.tasks {
-            snap.tasks.entry(*job).or_default().push(task.clone());
+            if inner.jobs.contains_key(job) {
+                snap.tasks.entry(*job).or_default().push(task.clone());
+            }
         }
         Ok(snap)
+    }
+
+    fn load_archived(&self, id: JobId) -> Result<Option<ArchivedJob>, Error> {
+        Ok(self.inner.lock().unwrap().archived.get(&id).cloned())
+    }
+
+    fn archived_outputs(&self, id: JobId) -> Result<Vec<crate::task::FrameOutput>, Error> {
+        let inner = self.inner.lock().unwrap();
+        Ok(inner.outputs.get(&id).cloned().unwrap_or_default())
+    }
+
+    fn purge_tasks(&self, id: JobId) -> Result<(), Error> {
+        let mut inner = self.inner.lock().unwrap();
+        inner.tasks.retain(|(j, _), _| *j != id);
+        Ok(())
     }
 
     fn write(&self, records: &[Record<'_>]) -> Result<(), Error> {
@@ -327,6 +522,23 @@ impl MetaStore for MemoryStore {
                 }
                 Record::Grant(user, d) => {
                     inner.grants.insert((user.to_string(), *d));
+                }
+                Record::Archive(a) => {
+                    let id = a.summary.job.id;
+                    inner.jobs.remove(&id);
+                    inner.outputs.insert(id, a.outputs.clone());
+                    let mut kept = (*a).clone();
+                    kept.outputs.clear();
+                    inner.archived.insert(id, kept);
+                }
+                Record::NextJob(n) => {
+                    inner.next_job = inner.next_job.max(*n);
+                }
+                Record::Delete(id) => {
+                    inner.jobs.remove(id);
+                    inner.archived.remove(id);
+                    inner.outputs.remove(id);
+                    inner.next_job = inner.next_job.max(id.0 + 1);
                 }
             }
         }

@@ -168,7 +168,7 @@ pub struct TileTask {
 }
 
 /// A chunk of frames of one job, or one tile of one frame.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Task {
     /// The job.
     pub job: JobId,

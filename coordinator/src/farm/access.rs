@@ -185,12 +185,14 @@ impl Farm {
                 .get(&who.name)
                 .is_some_and(|g| g.contains(&d))
         {
-            self.store.write(&[Record::Grant(&who.name, d)])?;
+            let ticket = self.commit(&st, vec![Owned::Grant(who.name.clone(), d)]);
             st.access
                 .grants
                 .entry(who.name.clone())
                 .or_default()
                 .insert(d);
+            drop(st);
+            ticket.wait()?;
         }
         Ok(stored_before && had)
     }
@@ -231,8 +233,17 @@ impl Farm {
             created_ms: self.clock.now_ms(),
         };
         let mut st = self.lock();
-        self.store.write(&[Record::User(&record)])?;
-        st.users.insert(name.to_string(), record);
+        let ticket = self.commit(&st, vec![Owned::User(record.clone())]);
+        let old = st.users.insert(name.to_string(), record.clone());
+        drop(st);
+        ticket.wait()?;
+        if let Some(old) = old {
+            self.tokens
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&old.token_hash);
+        }
+        self.remember_token(&record);
         Ok(token)
     }
 
@@ -347,12 +358,14 @@ impl Farm {
     /// that a worker of `who` holds a lease of.
     fn leases_reference(st: &mut State, who: &Identity, d: &Digest) -> bool {
         let holds = |st: &State, job: &Job| {
-            st.tasks.get(&job.id).is_some_and(|tasks| {
-                tasks.iter().any(|t| {
-                    t.holder()
-                        .and_then(|h| st.workers.get(h))
-                        .is_some_and(|w| w.owner == who.name)
-                })
+            let (Some(tasks), Some(index)) = (st.tasks.get(&job.id), st.index.get(&job.id)) else {
+                return false;
+            };
+            index.leased.iter().any(|&i| {
+                tasks[i as usize]
+                    .holder()
+                    .and_then(|h| st.workers.get(h))
+                    .is_some_and(|w| w.owner == who.name)
             })
         };
         let open: Vec<JobId> = st

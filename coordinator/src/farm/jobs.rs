@@ -3,54 +3,80 @@
 
 use super::*;
 
+/// A job in a listing: its id, and its record when live or its summary
+/// when archived.
+type Listed<'a> = (JobId, Option<&'a Job>, Option<&'a Arc<ArchivedSummary>>);
+
 impl Farm {
     /// One job with all its tasks and outputs.
     pub fn job(&self, id: JobId) -> Result<JobSnapshot, Error> {
         self.job_page(id, Page::ALL)
     }
 
-    /// One job's summary with a page of its tasks and outputs.
+    /// One job's summary with a page of its tasks and outputs (an archived
+    /// job's outputs are read from the store).
     pub fn job_page(&self, id: JobId, page: Page) -> Result<JobSnapshot, Error> {
-        let st = self.lock();
-        let job = st
-            .jobs
-            .get(&id)
-            .ok_or_else(|| Error::NotFound(format!("job {id}")))?;
-        Ok(views::snapshot(
-            job,
-            st.tasks.get(&id).map_or(&[], |t| t.as_slice()),
-            page,
-            self.waiting(&st, job),
-        ))
+        let archived = {
+            let st = self.lock();
+            match st.jobs.get(&id) {
+                Some(job) => return Ok(self.view(&st, job, page)),
+                None => st.archived.get(&id).cloned(),
+            }
+        };
+        let a = archived.ok_or_else(|| Error::NotFound(format!("job {id}")))?;
+        let outputs = if page.output_limit > 0 {
+            self.store.archived_outputs(id)?
+        } else {
+            Vec::new()
+        };
+        Ok(views::archived(&a, &outputs, page))
+    }
+
+    /// The view of `job` with `page`, from the indexes.
+    pub(super) fn view(&self, st: &State, job: &Job, page: Page) -> JobSnapshot {
+        let tasks = st.tasks.get(&job.id).map_or(&[][..], |t| t.as_slice());
+        let index = st.index.get(&job.id);
+        views::snapshot(job, tasks, index, page, self.waiting(st, job))
     }
 
     /// Summaries of up to `limit` jobs with ids above `after` that `who` may
     /// see, oldest first, and the `after` of the next page (None at the end).
+    /// Archived jobs are listed only with `archived`.
     pub fn job_list(
         &self,
         who: &Identity,
         after: u64,
         limit: usize,
+        archived: bool,
     ) -> (Vec<JobSnapshot>, Option<u64>) {
         let st = self.lock();
+        let from = JobId(after.saturating_add(1));
+        let live = st.jobs.range(from..).map(|(id, j)| (*id, Some(j), None));
+        let old = st
+            .archived
+            .range(from..)
+            .filter(|_| archived)
+            .map(|(id, a)| (*id, None, Some(a)));
+        let mut all: Vec<Listed<'_>> = live.chain(old).collect();
+        if archived {
+            all.sort_by_key(|e| e.0);
+        }
         let mut out = Vec::new();
         let mut next = None;
-        for job in st
-            .jobs
-            .range(JobId(after.saturating_add(1))..)
-            .map(|(_, j)| j)
-            .filter(|j| who.may_see(&j.owner))
-        {
+        for (_, live, old) in all {
+            let owner = live.map_or_else(|| &old.expect("one of both").job.owner, |j| &j.owner);
+            if !who.may_see(owner) {
+                continue;
+            }
             if out.len() == limit {
                 next = out.last().map(|s: &JobSnapshot| s.job.id.0);
                 break;
             }
-            out.push(views::snapshot(
-                job,
-                st.tasks.get(&job.id).map_or(&[], |t| t.as_slice()),
-                Page::SUMMARY,
-                self.waiting(&st, job),
-            ));
+            out.push(match (live, old) {
+                (Some(job), _) => self.view(&st, job, Page::SUMMARY),
+                (None, Some(a)) => views::archived(a, &[], Page::SUMMARY),
+                _ => unreachable!("a listed job is live or archived"),
+            });
         }
         (out, next)
     }
@@ -98,19 +124,22 @@ impl Farm {
         })
     }
 
-    /// Every job, oldest first.
+    /// Every live job with all its tasks, oldest first (for tests; views
+    /// for users are paged).
     pub fn jobs(&self) -> Vec<JobSnapshot> {
         let st = self.lock();
         st.jobs
             .values()
-            .map(|job| {
-                views::snapshot(
-                    job,
-                    st.tasks.get(&job.id).map_or(&[], |t| t.as_slice()),
-                    Page::ALL,
-                    self.waiting(&st, job),
-                )
-            })
+            .map(|job| self.view(&st, job, Page::ALL))
+            .collect()
+    }
+
+    /// Every live job's summary, oldest first (for metrics).
+    pub fn job_summaries(&self) -> Vec<JobSnapshot> {
+        let st = self.lock();
+        st.jobs
+            .values()
+            .map(|job| self.view(&st, job, Page::SUMMARY))
             .collect()
     }
 
@@ -124,28 +153,36 @@ impl Farm {
         }
     }
 
-    /// Applies a change to a job and its tasks, durably, then wakes lease calls.
+    /// Applies a change to a job and its tasks, durably. The change sees
+    /// (and may change) every task of the job, so it suits commands on a
+    /// whole job, not per-task steps.
     pub(super) fn change(
         &self,
         id: JobId,
         f: impl FnOnce(&mut Job, &mut [Task]) -> Result<(), Error>,
     ) -> Result<JobSnapshot, Error> {
-        let mut st = self.lock();
-        let mut job = st
-            .jobs
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| Error::NotFound(format!("job {id}")))?;
-        let mut tasks = st.tasks.get(&id).cloned().unwrap_or_default();
-        f(&mut job, &mut tasks)?;
-        let mut records: Vec<Record<'_>> = tasks.iter().map(Record::Task).collect();
-        records.push(Record::Job(&job));
-        self.store.write(&records)?;
-        st.install(job.clone(), tasks.clone(), self.clock.now_ms());
-        let waiting = self.waiting(&st, &job);
-        drop(st);
-        self.queued.notify_waiters();
-        Ok(views::snapshot(&job, &tasks, Page::SUMMARY, waiting))
+        let (ticket, view) = {
+            let mut st = self.lock();
+            let mut job = st
+                .jobs
+                .get(&id)
+                .cloned()
+                .ok_or_else(|| Error::NotFound(format!("job {id}")))?;
+            let before = &st.tasks[&id];
+            let mut tasks = before.clone();
+            f(&mut job, &mut tasks)?;
+            let changed: Vec<Task> = tasks
+                .into_iter()
+                .zip(before)
+                .filter(|(new, old)| new != *old)
+                .map(|(new, _)| new)
+                .collect();
+            let ticket = self.save(&mut st, job, changed, Vec::new());
+            let view = self.view(&st, &st.jobs[&id], Page::SUMMARY);
+            (ticket, view)
+        };
+        ticket.wait()?;
+        Ok(view)
     }
 
     /// Pauses a job: no new leases; running renders stop and their tasks go
@@ -193,13 +230,135 @@ impl Farm {
 }
 
 impl Farm {
-    /// Takes a finished job out of the scheduler's memory, keeping its summary.
+    /// Takes a finished job out of the scheduler's memory: its summary and
+    /// outputs are kept (still listed with `--archived`, fetchable), its
+    /// tasks go. Its blobs stay until it is deleted.
     pub fn archive(&self, id: JobId) -> Result<JobSnapshot, Error> {
-        Err(Error::Conflict(format!("job {id} cannot be archived yet")))
+        let now = self.clock.now_ms();
+        let (ticket, view) = {
+            let mut st = self.lock();
+            let job = st
+                .jobs
+                .get(&id)
+                .ok_or_else(|| match st.archived.contains_key(&id) {
+                    true => Error::Conflict(format!("job {id} is archived already")),
+                    false => Error::NotFound(format!("job {id}")),
+                })?;
+            if !job.state.is_final() {
+                return Err(Error::Conflict(format!(
+                    "job {id} is {}; cancel it or wait for it to end before archiving it",
+                    job.state.name()
+                )));
+            }
+            let full = self.view(&st, job, Page::ALL);
+            let tasks = &st.tasks[&id];
+            let blobs = refs::all_refs(job, st.files_of(job), tasks);
+            let mut summary_job = job.clone();
+            summary_job.stitched.clear();
+            let summary = ArchivedSummary {
+                job: summary_job,
+                counts: full.counts,
+            };
+            let record = crate::store::ArchivedJob {
+                summary: summary.clone(),
+                blobs: blobs.clone(),
+                outputs: full.outputs,
+            };
+            let ticket = self.commit(&st, vec![Owned::Archive(Box::new(record))]);
+            st.remove_job(id, now);
+            // Its blobs stay referenced while it is archived.
+            for d in blobs {
+                st.refs.add(d);
+                st.garbage.remove(&d);
+            }
+            let summary = Arc::new(summary);
+            st.archived.insert(id, summary.clone());
+            (ticket, views::archived(&summary, &[], Page::SUMMARY))
+        };
+        ticket.wait()?;
+        self.purge_later(id);
+        tracing::info!(job = %id, "job archived");
+        Ok(view)
     }
 
-    /// Forgets a finished job and frees its blobs.
+    /// Forgets a finished job, live or archived: its records go and its
+    /// blobs are collected once nothing else references them.
     pub fn delete(&self, id: JobId) -> Result<(), Error> {
-        Err(Error::Conflict(format!("job {id} cannot be deleted yet")))
+        let now = self.clock.now_ms();
+        let ticket = {
+            let mut st = self.lock();
+            if let Some(job) = st.jobs.get(&id) {
+                if !job.state.is_final() {
+                    return Err(Error::Conflict(format!(
+                        "job {id} is {}; cancel it or wait for it to end before deleting it",
+                        job.state.name()
+                    )));
+                }
+                let ticket = self.commit(&st, vec![Owned::Delete(id)]);
+                st.remove_job(id, now);
+                ticket
+            } else if st.archived.contains_key(&id) {
+                let ticket = self.commit(&st, vec![Owned::Delete(id)]);
+                st.archived.remove(&id);
+                // Its references were counted from the archive record.
+                drop(st);
+                let blobs = self.archived_blobs(id)?;
+                let mut st = self.lock();
+                for d in blobs {
+                    if st.refs.release(&d) {
+                        st.garbage.insert(d, now);
+                    }
+                }
+                st.announce(FarmEvent::Job(id));
+                ticket
+            } else {
+                return Err(Error::NotFound(format!("job {id}")));
+            }
+        };
+        ticket.wait()?;
+        self.purge_later(id);
+        tracing::info!(job = %id, "job deleted");
+        Ok(())
+    }
+
+    /// The blobs an archived job references, as stored.
+    fn archived_blobs(&self, id: JobId) -> Result<Vec<Digest>, Error> {
+        Ok(self
+            .store
+            .load_archived(id)?
+            .map(|a| a.blobs)
+            .unwrap_or_default())
+    }
+
+    /// Frees the space of the task records of a job that left the store's
+    /// live trees, off the caller's path.
+    fn purge_later(&self, id: JobId) {
+        let store = self.store.clone();
+        std::thread::spawn(move || {
+            if let Err(e) = store.purge_tasks(id) {
+                tracing::warn!(job = %id, "cannot purge task records: {e}");
+            }
+        });
+    }
+
+    /// Archives finished jobs that ended more than `keep_ms` ago; returns
+    /// how many.
+    pub fn archive_older_than(&self, keep_ms: u64) -> usize {
+        let now = self.clock.now_ms();
+        let due: Vec<JobId> = self
+            .lock()
+            .jobs
+            .values()
+            .filter(|j| j.finished_ms.is_some_and(|f| f + keep_ms <= now))
+            .map(|j| j.id)
+            .collect();
+        let mut n = 0;
+        for id in due {
+            match self.archive(id) {
+                Ok(_) => n += 1,
+                Err(e) => tracing::warn!(job = %id, "cannot archive: {e}"),
+            }
+        }
+        n
     }
 }

@@ -21,20 +21,39 @@ impl Farm {
         warm: Option<JobId>,
         slot: u32,
     ) -> Result<Option<Assignment>, Error> {
+        let leased = self.lease_locked(&mut self.lock(), worker, cached, warm, slot)?;
+        match leased {
+            Some((a, ticket)) => {
+                ticket.wait()?;
+                Ok(Some(a))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Leases the best task for a slot under the lock; the assignment holds
+    /// once the ticket says the lease is stored.
+    fn lease_locked(
+        &self,
+        st: &mut State,
+        worker: &WorkerId,
+        cached: &HashSet<Digest>,
+        warm: Option<JobId>,
+        slot: u32,
+    ) -> Result<Option<(Assignment, Ticket)>, Error> {
         let now = self.clock.now_ms();
-        let mut st = self.lock();
-        Self::touch(&mut st, worker, now)?;
+        Self::touch(st, worker, now)?;
         if st.health.get(worker).is_some_and(|h| h.drain.is_some()) {
             return Ok(None);
         }
-        let online = st.workers.values().filter(|w| self.online(w, now)).count();
         let record = &st.workers[worker];
         let cap = record.slot_cap(slot);
         let tags = record.tags.clone();
         let features = record.features.clone();
-        let available = |w: &WorkerRecord| self.available(&st, w, now);
+        let available = |w: &WorkerRecord| self.available(st, w, now);
+        let online = || st.workers.values().filter(|w| self.online(w, now)).count();
         let Some((job_id, index)) = pick(
-            &st,
+            st,
             &Asker {
                 worker,
                 cached,
@@ -44,33 +63,25 @@ impl Farm {
                 available: &available,
                 features: &features,
             },
-            online,
+            &online,
             self.config.block_after,
         ) else {
             return Ok(None);
         };
-        let State { jobs, tasks, .. } = &mut *st;
-        let job = jobs.get_mut(&job_id).expect("picked job exists");
-        let task = &mut tasks.get_mut(&job_id).expect("picked job has tasks")[index];
-        let mut new_task = task.clone();
-        let lease = new_task.lease(worker, now, self.config.lease_ttl_ms)?;
-        let mut new_job = job.clone();
-        new_job.start()?;
-        self.store
-            .write(&[Record::Task(&new_task), Record::Job(&new_job)])?;
-        tracing::info!(lease = %lease, worker = %worker, frames = ?new_task.frames, "task leased");
-        self.stats
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .leases_granted += 1;
+        let mut task = st.tasks[&job_id][index as usize].clone();
+        let mut job = st.jobs[&job_id].clone();
+        let lease = task.lease(worker, now, self.config.lease_ttl_ms)?;
+        job.start()?;
+        tracing::debug!(lease = %lease, worker = %worker, frames = ?task.frames, "task leased");
+        self.count_stat(|s| s.leases_granted += 1);
         let assignment = Assignment {
             lease,
             scene: job.scene,
             scene_name: job.scene_name.clone(),
-            frames: new_task.frames.clone(),
-            attempt: new_task.failures + 1,
+            frames: task.frames.clone(),
+            attempt: task.failures + 1,
             ttl_ms: self.config.lease_ttl_ms,
-            tile: new_task.tile.map(|t| AssignedTile {
+            tile: task.tile.map(|t| AssignedTile {
                 rendered: t.rendered,
                 frame: (job.width, job.height),
                 border: tiles::blender_border(t.rendered, job.width, job.height),
@@ -78,15 +89,16 @@ impl Farm {
             device: job.requirements.device_for(&cap),
             file_set: job.file_set,
         };
-        *task = new_task;
-        *job = new_job;
-        Self::note_grant(&mut st, lease, worker);
-        Ok(Some(assignment))
+        let ticket = self.save(st, job, vec![task], Vec::new());
+        Self::note_grant(st, lease, worker);
+        Ok(Some((assignment, ticket)))
     }
 
     /// Leases a task for a slot of `worker`, waiting up to `wait` for one to
     /// become ready. Returns early, without a task, when the job the slot
     /// holds warm has ended, so that the worker closes that session at once.
+    /// A parked call is woken only for a task its slot can render (one call
+    /// per ready task), never all at once.
     pub async fn lease(
         &self,
         worker: &WorkerId,
@@ -96,25 +108,52 @@ impl Farm {
         wait: Duration,
     ) -> Result<LeaseOutcome, Error> {
         let deadline = tokio::time::Instant::now() + wait;
+        let notify = Arc::new(Notify::new());
         loop {
-            let notified = self.queued.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let ended: Vec<JobId> = warm
-                .filter(|j| {
-                    self.lock()
-                        .jobs
-                        .get(j)
-                        .is_none_or(|job| job.state.is_final())
-                })
-                .into_iter()
-                .collect();
-            let task = self.try_lease_warm(worker, cached, warm, slot)?;
-            if task.is_some() || !ended.is_empty() {
-                return Ok(LeaseOutcome { task, ended });
+            let (leased, ended, key) = {
+                let mut st = self.lock();
+                let ended: Vec<JobId> = warm
+                    .filter(|j| st.jobs.get(j).is_none_or(|job| job.state.is_final()))
+                    .into_iter()
+                    .collect();
+                let leased = self.lease_locked(&mut st, worker, cached, warm, slot)?;
+                let key = if leased.is_none() && ended.is_empty() {
+                    let key = st.next_waiter;
+                    st.next_waiter += 1;
+                    st.waiters.insert(
+                        key,
+                        state::Waiter {
+                            worker: worker.clone(),
+                            slot,
+                            warm,
+                            notify: notify.clone(),
+                        },
+                    );
+                    Some(key)
+                } else {
+                    None
+                };
+                (leased, ended, key)
+            };
+            if let Some((assignment, ticket)) = leased {
+                ticket.stored().await?;
+                return Ok(LeaseOutcome {
+                    task: Some(assignment),
+                    ended,
+                });
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            if !ended.is_empty() {
                 return Ok(LeaseOutcome { task: None, ended });
+            }
+            let woken = tokio::time::timeout_at(deadline, notify.notified()).await;
+            if let Some(key) = key {
+                self.lock().waiters.remove(&key);
+            }
+            if woken.is_err() {
+                return Ok(LeaseOutcome {
+                    task: None,
+                    ended: Vec::new(),
+                });
             }
         }
     }
@@ -134,35 +173,27 @@ impl Farm {
         Ok((task.clone(), job.clone()))
     }
 
-    /// Writes changed records, then installs them in memory.
+    /// Saves a change to a job and its tasks, counting a worker's success
+    /// or failure in its record.
     pub(super) fn apply(
         &self,
         st: &mut State,
         changed: Vec<Task>,
         job: Job,
         worker: Option<(&WorkerId, bool)>,
-    ) -> Result<(), Error> {
-        let worker_rec = worker.and_then(|(w, ok)| {
-            st.workers.get(w).cloned().map(|mut r| {
+    ) -> Ticket {
+        let mut extra = Vec::new();
+        if let Some((w, ok)) = worker {
+            if let Some(r) = st.workers.get_mut(w) {
                 if ok {
                     r.tasks_done += 1;
                 } else {
                     r.tasks_failed += 1;
                 }
-                r
-            })
-        });
-        let mut records: Vec<Record<'_>> = changed.iter().map(Record::Task).collect();
-        if let Some(r) = worker_rec.as_ref() {
-            records.push(Record::Worker(r));
+                extra.push(Owned::Worker(r.clone()));
+            }
         }
-        records.push(Record::Job(&job));
-        self.store.write(&records)?;
-        st.install(job, changed, self.clock.now_ms());
-        if let Some(r) = worker_rec {
-            st.workers.insert(r.id.clone(), r);
-        }
-        Ok(())
+        self.save(st, job, changed, extra)
     }
 
     /// Renews a lease and records progress. Returns whether the holder should
@@ -193,97 +224,6 @@ impl Farm {
         Ok(held)
     }
 
-    /// Records a failed attempt; the task is retried elsewhere or, out of
-    /// attempts, fails its job. The reporter's `scope` decides how far its
-    /// word goes: a failure no worker can fix fails the job now; one only this
-    /// machine has fails it only when a second worker agrees or when no other
-    /// worker could take the task.
-    pub fn fail(
-        &self,
-        lease: LeaseId,
-        reason: &str,
-        log_tail: &str,
-        scope: FailureScope,
-    ) -> Result<FailOutcome, Error> {
-        let reason: String = reason.chars().take(2000).collect();
-        let tail: String = {
-            let chars: Vec<char> = log_tail.chars().collect();
-            chars[chars.len().saturating_sub(8000)..].iter().collect()
-        };
-        let message = if tail.trim().is_empty() {
-            reason.clone()
-        } else {
-            format!("{reason}\n--- blender log (tail) ---\n{}", tail.trim_end())
-        };
-        let now = self.clock.now_ms();
-        let mut st = self.lock();
-        let (mut task, mut job) = Self::find(&st, lease)?;
-        let holder = task.holder().cloned();
-        // Why this one failure ends the job, when it does.
-        let mut final_word = match scope {
-            FailureScope::Everywhere => Some("cannot be rendered anywhere"),
-            _ => None,
-        };
-        if let (FailureScope::Machine, Some(h)) = (scope, &holder) {
-            let agreed = task.machine_failed_on.iter().any(|w| w != h);
-            if !task.machine_failed_on.contains(h) {
-                task.machine_failed_on.push(h.clone());
-            }
-            let someone_else = st.workers.values().any(|w| {
-                &w.id != h
-                    && !task.machine_failed_on.contains(&w.id)
-                    && self.available(&st, w, now)
-                    && capable(&job, w)
-                    && job
-                        .failures_by_worker
-                        .get(&w.id.0)
-                        .is_none_or(|n| *n < self.config.block_after)
-            });
-            if agreed {
-                final_word = Some("failed the same way on two workers");
-            } else if !someone_else {
-                final_word = Some("failed on the only worker that could take them");
-            }
-        }
-        let max = if final_word.is_some() {
-            1
-        } else {
-            job.max_attempts
-        };
-        if let Some(h) = &holder {
-            let n = job.failures_by_worker.entry(h.0.clone()).or_default();
-            *n += 1;
-            if *n == self.config.block_after {
-                tracing::warn!(job = %job.id, worker = %h, "worker blocked for this job after {n} failures");
-            }
-        }
-        let outcome = task.fail(lease.grant, message.clone(), max)?;
-        self.stats
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .attempts_failed += 1;
-        let mut changed = Vec::new();
-        if outcome == FailOutcome::Failed && !job.state.is_final() {
-            let what = match final_word {
-                Some(why) => format!("frames {:?} {why}: {}", task.frames, message),
-                None => format!(
-                    "frames {:?} failed {} times; last error: {}",
-                    task.frames, task.failures, message
-                ),
-            };
-            job.fail(what, now)?;
-            changed = Self::canceled_siblings(&st, lease.job, task.index);
-            tracing::warn!(job = %job.id, "job failed: {reason}");
-        } else {
-            tracing::warn!(lease = %lease, "task failed, will retry: {reason}");
-        }
-        changed.push(task);
-        self.apply(&mut st, changed, job, holder.as_ref().map(|h| (h, false)))?;
-        drop(st);
-        self.queued.notify_waiters();
-        Ok(outcome)
-    }
-
     /// Whether `w` takes work now: online and not drained.
     pub(super) fn available(&self, st: &State, w: &WorkerRecord, now: u64) -> bool {
         self.online(w, now) && st.health.get(&w.id).is_none_or(|h| h.drain.is_none())
@@ -291,44 +231,65 @@ impl Farm {
 
     /// Gives a task back without charging an attempt (worker shutting down).
     pub fn release(&self, lease: LeaseId) -> Result<(), Error> {
-        let mut st = self.lock();
-        let (mut task, job) = Self::find(&st, lease)?;
-        task.release(lease.grant)?;
-        self.apply(&mut st, vec![task], job, None)?;
-        drop(st);
+        let ticket = {
+            let mut st = self.lock();
+            let (mut task, job) = Self::find(&st, lease)?;
+            task.release(lease.grant)?;
+            self.apply(&mut st, vec![task], job, None)
+        };
+        ticket.wait()?;
         tracing::info!(lease = %lease, "task released");
-        self.queued.notify_waiters();
         Ok(())
     }
 
-    /// Puts every task whose lease has run out back in the queue.
+    /// Puts every task whose lease has run out back in the queue. Pops the
+    /// deadline heap: O(expired · log n); a renewed lease is pushed back
+    /// with its new deadline.
     pub fn expire_leases(&self) -> Result<usize, Error> {
         let now = self.clock.now_ms();
-        let mut st = self.lock();
-        let mut expired: Vec<Task> = Vec::new();
-        for task in st.tasks.values().flatten() {
-            let mut t = task.clone();
-            if t.expire(now) {
-                tracing::warn!(job = %t.job, task = t.index, holder = ?task.holder(), "lease expired; task back in the queue");
-                expired.push(t);
+        let mut tickets = Vec::new();
+        let mut n = 0;
+        {
+            let mut st = self.lock();
+            let mut by_job: BTreeMap<JobId, Vec<Task>> = BTreeMap::new();
+            let mut seen: HashSet<(JobId, u32)> = HashSet::new();
+            while let Some(&std::cmp::Reverse((at, job, index))) = st.deadlines.peek() {
+                if at > now {
+                    break;
+                }
+                st.deadlines.pop();
+                let Some(task) = st.tasks.get(&job).and_then(|t| t.get(index as usize)) else {
+                    continue;
+                };
+                let TaskState::Leased { expires_ms, .. } = task.state else {
+                    continue;
+                };
+                if expires_ms > now {
+                    // Renewed since: its new deadline goes in the heap.
+                    st.deadlines.push(std::cmp::Reverse((expires_ms, job, index)));
+                    continue;
+                }
+                if !seen.insert((job, index)) {
+                    continue;
+                }
+                let mut t = task.clone();
+                if t.expire(now) {
+                    tracing::warn!(job = %t.job, task = t.index, holder = ?task.holder(), "lease expired; task back in the queue");
+                    by_job.entry(job).or_default().push(t);
+                }
+            }
+            for (id, changed) in by_job {
+                n += changed.len();
+                let job = st.jobs[&id].clone();
+                tickets.push(self.save(&mut st, job, changed, Vec::new()));
             }
         }
-        if expired.is_empty() {
-            return Ok(0);
+        for t in tickets {
+            t.wait()?;
         }
-        let records: Vec<Record<'_>> = expired.iter().map(Record::Task).collect();
-        self.store.write(&records)?;
-        let n = expired.len();
-        self.stats
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .leases_expired += n as u64;
-        for t in expired {
-            let (job, i) = (t.job, t.index as usize);
-            st.tasks.get_mut(&job).expect("job exists")[i] = t;
+        if n > 0 {
+            self.count_stat(|s| s.leases_expired += n as u64);
         }
-        drop(st);
-        self.queued.notify_waiters();
         Ok(n)
     }
 }

@@ -1,13 +1,10 @@
-//! Choosing the next task for a slot: priority, sticky sessions, fair share,
-//! requirements, and workers blocked for a job.
+//! Choosing the next task for a slot: priority, fair share, warm sessions,
+//! requirements, and workers blocked for a job. Works on the indexes
+//! (`State::runnable` and each job's ready queue), so a choice costs
+//! O(runnable jobs + log n), never a scan of the tasks.
 
 use super::*;
 
-/// Chooses the next task for `worker`: priority first; among equal priority
-/// the job whose Blender session the slot holds warm (sticky sessions), then
-/// the job with the fewest running tasks (fair share), then the one whose
-/// scene the worker has cached, then the oldest. A task that failed on this
-/// worker goes to another unless every online worker has failed it.
 /// Who asks for work: a slot of a worker.
 pub(super) struct Asker<'a> {
     pub(super) worker: &'a WorkerId,
@@ -57,12 +54,40 @@ fn may_serve(
     fails(worker) <= least
 }
 
+/// The first ready task of `job` that `worker` may take: not one that failed
+/// on its machine, nor one it failed unless every online worker has.
+fn first_ready(
+    st: &State,
+    job: JobId,
+    worker: &WorkerId,
+    online: &dyn Fn() -> usize,
+) -> Option<u32> {
+    let tasks = &st.tasks[&job];
+    let mut online_n = None;
+    st.index[&job].ready.iter().copied().find(|&i| {
+        let t = &tasks[i as usize];
+        if t.machine_failed_on.contains(worker) {
+            return false;
+        }
+        if !t.failed_on.contains(worker) {
+            return true;
+        }
+        let n = *online_n.get_or_insert_with(online);
+        t.failed_on.len() >= n.max(1)
+    })
+}
+
+/// Chooses the next task for the asking slot. Among the runnable jobs of the
+/// highest priority that the slot can serve: the job the slot holds warm,
+/// while fair share allows (no other job of that priority runs more than one
+/// task fewer); else the job with the fewest running tasks (fair share), then
+/// one whose scene the worker has cached, then the oldest.
 pub(super) fn pick(
     st: &State,
     asker: &Asker<'_>,
-    online: usize,
+    online: &dyn Fn() -> usize,
     block_after: u32,
-) -> Option<(JobId, usize)> {
+) -> Option<(JobId, u32)> {
     let Asker {
         worker,
         cached,
@@ -72,42 +97,38 @@ pub(super) fn pick(
         available,
         features,
     } = *asker;
-    let mut candidates: Vec<(&Job, usize)> = st
-        .jobs
-        .values()
-        .filter(|j| {
-            !j.state.is_final()
-                && j.state != JobState::Paused
-                && j.requirements.satisfied_by(slot, tags)
-                && j.requirements.features_met(features)
-        })
-        .filter(|j| may_serve(st, j, worker, block_after, available))
-        .map(|j| {
-            let running = st.tasks[&j.id]
-                .iter()
-                .filter(|t| t.holder().is_some())
-                .count();
-            (j, running)
-        })
-        .collect();
-    candidates.sort_by_key(|(j, running)| {
-        (
-            std::cmp::Reverse(j.priority),
-            Some(j.id) != warm,
-            *running,
-            !cached.contains(&j.scene),
-            j.id,
-        )
-    });
-    for (job, _) in candidates {
-        let found = st.tasks[&job.id].iter().position(|t| {
-            t.state == TaskState::Queued
-                && !t.machine_failed_on.contains(worker)
-                && (!t.failed_on.contains(worker) || t.failed_on.len() >= online.max(1))
-        });
-        if let Some(i) = found {
-            return Some((job.id, i));
+    let mut group: Option<i32> = None;
+    // (running, not cached, id, task)
+    let mut best: Option<(u32, bool, JobId, u32)> = None;
+    let mut warm_choice: Option<(u32, u32)> = None;
+    for &(std::cmp::Reverse(priority), id) in &st.runnable {
+        if group.is_some_and(|g| g != priority) {
+            break;
+        }
+        let job = &st.jobs[&id];
+        if !job.requirements.satisfied_by(slot, tags)
+            || !job.requirements.features_met(features)
+            || !may_serve(st, job, worker, block_after, available)
+        {
+            continue;
+        }
+        let Some(task) = first_ready(st, id, worker, online) else {
+            continue;
+        };
+        group = Some(priority);
+        let running = st.index[&id].counts.leased;
+        if Some(id) == warm {
+            warm_choice = Some((running, task));
+        }
+        let key = (running, !cached.contains(&job.scene), id, task);
+        if best.is_none_or(|b| key < b) {
+            best = Some(key);
         }
     }
-    None
+    let (least, _, id, task) = best?;
+    match (warm, warm_choice) {
+        // Keep the warm session unless another job is starved.
+        (Some(warm), Some((running, task))) if least + 1 >= running => Some((warm, task)),
+        _ => Some((id, task)),
+    }
 }

@@ -27,68 +27,6 @@ struct Parts {
 }
 
 impl Farm {
-    /// Records a task's result. Every output blob must already be stored.
-    pub fn complete(&self, lease: LeaseId, outputs: Vec<FrameOutput>) -> Result<Completion, Error> {
-        for o in &outputs {
-            check_output(o)?;
-        }
-        let now = self.clock.now_ms();
-        let ready = {
-            let mut st = self.lock();
-            // Checked under the lock, so the collector cannot delete a blob
-            // between this check and the record that references it.
-            for o in &outputs {
-                if !self.blobs.contains(&o.digest) {
-                    return Err(Error::NotFound(format!(
-                        "blob {} of frame {} (it was not uploaded, or was collected); upload it again, then report the result",
-                        o.digest, o.frame
-                    )));
-                }
-            }
-            let (mut task, mut job) = Self::find(&st, lease)?;
-            let holder = task.holder().cloned();
-            let since = match task.state {
-                TaskState::Leased { since_ms, .. } if since_ms > 0 => Some(since_ms),
-                _ => None,
-            };
-            let completion = task.complete(lease.grant, outputs)?;
-            if let (Completion::Recorded, Some(since)) = (completion, since) {
-                let secs = now.saturating_sub(since) as f64 / 1000.0;
-                let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(b) = DURATION_BUCKETS.iter().position(|&b| secs <= b) {
-                    stats.duration_buckets[b] += 1;
-                }
-                stats.duration_sum += secs;
-                stats.duration_count += 1;
-            }
-            if completion == Completion::Duplicate {
-                tracing::info!(lease = %lease, "duplicate result ignored");
-                return Ok(completion);
-            }
-            tracing::info!(lease = %lease, "task done");
-            let frame = task.frames[0];
-            if !job.is_tiled()
-                && !job.state.is_final()
-                && st.tasks[&lease.job]
-                    .iter()
-                    .all(|t| t.index == task.index || t.is_done())
-            {
-                job.finish(now)?;
-                tracing::info!(job = %job.id, "job done");
-            }
-            self.apply(&mut st, vec![task], job, holder.as_ref().map(|h| (h, true)))?;
-            st.to_stitch.contains(&(lease.job, frame)).then_some(frame)
-        };
-        if let Some(frame) = ready {
-            // The result is recorded; a stitch that fails now is retried from
-            // the stitch queue, so the worker is not told its result failed.
-            if let Err(e) = self.stitch_frame(lease.job, frame) {
-                tracing::warn!(job = %lease.job, frame, "stitch deferred: {e}");
-            }
-        }
-        Ok(Completion::Recorded)
-    }
-
     /// Stitches every frame in the stitch queue whose backoff has passed;
     /// returns how many were tried. The coordinator calls this at start and
     /// on every tick of its reaper.
@@ -178,7 +116,9 @@ impl Farm {
         if !st.to_stitch.contains(&(id, frame)) {
             // Canceled, paused into a retry, or stitched by someone else
             // meanwhile; the new blob is unreferenced and will be collected.
-            st.garbage.entry(digest).or_insert(now);
+            if st.refs.count(&digest) == 0 {
+                st.garbage.entry(digest).or_insert(now);
+            }
             return Ok(());
         }
         let mut job = st.jobs[&id].clone();
@@ -188,13 +128,13 @@ impl Farm {
             job.finish(now)?;
             tracing::info!(job = %id, "job done");
         }
-        self.store.write(&[Record::Job(&job)])?;
         tracing::info!(job = %id, frame, tiles = parts.tiles.len(), ms = started.elapsed().as_millis() as u64, "frame stitched");
         st.stitch_errors.remove(&(id, frame));
         // The frame now references its own blob; its tiles' references go,
         // and the collector deletes them after the grace period.
-        st.install(job, Vec::new(), now);
-        Ok(())
+        let ticket = self.save(&mut st, job, Vec::new(), Vec::new());
+        drop(st);
+        ticket.wait()
     }
 
     /// The tiles of a queued frame, or None when it is not queued.
@@ -207,9 +147,8 @@ impl Farm {
             .jobs
             .get(&id)
             .ok_or_else(|| Error::NotFound(format!("job {id}")))?;
-        let tiles = st.tasks[&id]
-            .iter()
-            .filter(|t| t.frames[0] == frame)
+        let tiles = st
+            .tiles_of(id, frame)
             .filter_map(|t| match (&t.state, t.tile) {
                 (TaskState::Done { outputs }, Some(tile)) => {
                     Some((tile.inner, tile.rendered, outputs.first()?.digest, t.index))
@@ -244,7 +183,9 @@ impl Farm {
         let reason = format!(
             "frame {frame} could not be stitched: its tiles could not be read {tries} times ({e}); check the coordinator's --data volume, then `tessera retry {id}`"
         );
-        self.fail_job_locked(&mut st, id, reason, now)
+        let ticket = self.fail_job_locked(&mut st, id, reason, now)?;
+        drop(st);
+        ticket.wait()
     }
 
     /// The stitcher refused the tiles: a bad tile is rendered again; an error
@@ -266,7 +207,9 @@ impl Farm {
         let now = self.clock.now_ms();
         let mut st = self.lock();
         let reason = format!("frame {frame} could not be stitched from its tiles: {e}");
-        self.fail_job_locked(&mut st, id, reason, now)
+        let ticket = self.fail_job_locked(&mut st, id, reason, now)?;
+        drop(st);
+        ticket.wait()
     }
 
     /// Sends a done tile back to the queue (charging an attempt), or fails the
@@ -290,10 +233,9 @@ impl Farm {
             changed = Self::canceled_siblings(&st, id, t.index);
         }
         changed.push(t);
-        self.apply(&mut st, changed, job, None)?;
+        let ticket = self.apply(&mut st, changed, job, None);
         drop(st);
-        self.queued.notify_waiters();
-        Ok(())
+        ticket.wait()
     }
 
     /// Fails job `id` with `reason`, canceling its unfinished tasks.
@@ -303,17 +245,15 @@ impl Farm {
         id: JobId,
         reason: String,
         now: u64,
-    ) -> Result<(), Error> {
+    ) -> Result<Ticket, Error> {
         let mut job = st.jobs[&id].clone();
         if job.state.is_final() {
-            return Ok(());
+            return Ok(Ticket::none());
         }
         tracing::warn!(job = %id, "job failed: {reason}");
         job.fail(reason, now)?;
         let changed = Self::canceled_siblings(st, id, u32::MAX);
-        self.apply(st, changed, job, None)?;
-        self.queued.notify_waiters();
-        Ok(())
+        Ok(self.apply(st, changed, job, None))
     }
 
     /// Canceled copies of the unfinished tasks of job `id`, but `except`.
@@ -328,66 +268,4 @@ impl Farm {
             })
             .collect()
     }
-
-    /// Notes that a client or worker uploaded or asked about these blobs: the
-    /// collector leaves them alone for a grace period, since a result naming
-    /// them may be on its way.
-    pub fn touch_blobs(&self, digests: &[Digest]) {
-        let now = self.clock.now_ms();
-        let mut st = self.lock();
-        for d in digests {
-            st.touched.insert(*d, now);
-        }
-    }
-
-    /// How long an unreferenced, untouched blob is kept.
-    fn grace_ms(&self) -> u64 {
-        self.config.blob_grace_ms
-    }
-
-    /// Deletes blobs that no record references, once nobody has touched them
-    /// for the grace period; returns how many were deleted.
-    pub fn collect_garbage(&self) -> usize {
-        let now = self.clock.now_ms();
-        let grace = self.grace_ms();
-        let mut st = self.lock();
-        st.touched.retain(|_, t| *t + grace > now);
-        let due: Vec<Digest> = st
-            .garbage
-            .iter()
-            .filter(|(_, since)| **since + grace <= now)
-            .map(|(d, _)| *d)
-            .collect();
-        let mut deleted = 0;
-        for d in due {
-            if st.refs.count(&d) > 0 {
-                st.garbage.remove(&d);
-            } else if !st.touched.contains_key(&d) {
-                // Under the lock: `complete` checks blobs under it too.
-                match self.blobs.remove(&d) {
-                    Ok(()) => {
-                        st.garbage.remove(&d);
-                        deleted += 1;
-                    }
-                    Err(e) => tracing::warn!("cannot remove blob {d}: {e}"),
-                }
-            }
-        }
-        if deleted > 0 {
-            tracing::debug!(deleted, "unreferenced blobs collected");
-        }
-        deleted
-    }
-}
-
-/// Refuses an output whose extension is not a plain file extension (pass
-/// names are checked by [`Task::complete`], with the task's frames).
-fn check_output(o: &FrameOutput) -> Result<(), Error> {
-    if o.ext.is_empty() || o.ext.len() > 8 || !o.ext.bytes().all(|b| b.is_ascii_alphanumeric()) {
-        return Err(Error::invalid(format!(
-            "`{}` is not a file extension",
-            o.ext
-        )));
-    }
-    Ok(())
 }

@@ -45,6 +45,7 @@ fn config() -> Config {
         max_pixels: crate::limits::PixelLimit::default(),
         max_workers_per_token: 1024,
         max_slots: 256,
+        keep_ms: None,
     }
 }
 
@@ -277,6 +278,46 @@ async fn lease_waits_for_work_to_arrive() {
     assert!(got.task.is_some());
 }
 
+/// Two equal-priority jobs of 200 tasks share 8 slots in proportion, even
+/// though every slot holds the first job warm when the second arrives.
+#[test]
+fn equal_jobs_share_slots_even_when_every_slot_is_warm_on_one() {
+    let f = fixture();
+    let big = |f: &Fixture| {
+        let mut s = sub(f.scene, "1-200", 1);
+        s.frames = "1-200".into();
+        s
+    };
+    let a = f.farm.submit(big(&f)).unwrap();
+    let workers: Vec<WorkerId> = (0..8).map(|i| worker(&f.farm, &format!("w{i}"))).collect();
+    let none = HashSet::new();
+    let mut held: Vec<(usize, Assignment)> = workers
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (i, f.farm.try_lease_warm(w, &none, None, 0).unwrap().unwrap()))
+        .collect();
+    assert!(held.iter().all(|(_, l)| l.lease.job == a));
+    let b = f.farm.submit(big(&f)).unwrap();
+    // Every slot finishes its task and asks again with job `a` warm.
+    let mut share_b = Vec::new();
+    for _round in 0..6 {
+        let mut next = Vec::new();
+        for (i, l) in held.drain(..) {
+            let outs = l.frames.iter().map(|&fr| output(&f, fr)).collect();
+            f.farm.complete(l.lease, outs).unwrap();
+            let warm = Some(l.lease.job);
+            let got = f.farm.try_lease_warm(&workers[i], &none, warm, 0).unwrap().unwrap();
+            next.push((i, got));
+        }
+        held = next;
+        share_b.push(held.iter().filter(|(_, l)| l.lease.job == b).count());
+    }
+    assert!(
+        share_b.iter().skip(1).all(|&n| (3..=5).contains(&n)),
+        "job b's slots per round: {share_b:?} (fair share is 4 of 8)"
+    );
+}
+
 #[test]
 fn a_warm_slot_keeps_its_job_unless_a_higher_priority_one_waits() {
     let f = fixture();
@@ -284,14 +325,18 @@ fn a_warm_slot_keeps_its_job_unless_a_higher_priority_one_waits() {
     let b = f.farm.submit(sub(f.scene, "1-3", 1)).unwrap();
     let w = worker(&f.farm, "a");
     let none = HashSet::new();
+    // One slot: each render ends before the next lease, so fair share
+    // (running counts) never outweighs the warm session.
     let got: Vec<JobId> = (0..3)
         .map(|_| {
-            f.farm
+            let a = f
+                .farm
                 .try_lease_warm(&w, &none, Some(b), 0)
                 .unwrap()
-                .unwrap()
-                .lease
-                .job
+                .unwrap();
+            let outs = a.frames.iter().map(|&fr| output(&f, fr)).collect();
+            f.farm.complete(a.lease, outs).unwrap();
+            a.lease.job
         })
         .collect();
     assert_eq!(got, vec![b, b, b], "sticky to the warm job");

@@ -12,14 +12,11 @@ impl Farm {
             "no token given; pass --token, set $TESSERA_TOKEN, or put it in ~/.config/tessera/token",
         ))?;
         let hash = auth::token_hash(token);
-        let st = self.lock();
-        st.users
-            .values()
-            .find(|u| u.token_hash == hash)
-            .map(|u| Identity {
-                name: u.name.clone(),
-                role: u.role,
-            })
+        self.tokens
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&hash)
+            .cloned()
             .ok_or(Error::Unauthenticated(
                 "the token is not valid; ask the farm's admin for one",
             ))
@@ -49,8 +46,11 @@ impl Farm {
                 "user {name} exists; remove it first to issue a new token"
             )));
         }
-        self.store.write(&[Record::User(&record)])?;
-        st.users.insert(name.to_string(), record);
+        let ticket = self.commit(&st, vec![Owned::User(record.clone())]);
+        st.users.insert(name.to_string(), record.clone());
+        drop(st);
+        ticket.wait()?;
+        self.remember_token(&record);
         tracing::info!(user = name, role = role.name(), "user added");
         Ok(token)
     }
@@ -76,8 +76,15 @@ impl Farm {
                 "that is the last admin; add another admin first".into(),
             ));
         }
-        self.store.write(&[Record::RemoveUser(name)])?;
+        let ticket = self.commit(&st, vec![Owned::RemoveUser(name.to_string())]);
         st.users.remove(name);
+        drop(st);
+        // The token stops working now, even before the removal is stored.
+        self.tokens
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|_, who| who.name != name);
+        ticket.wait()?;
         tracing::info!(user = name, "user removed");
         Ok(())
     }
@@ -86,6 +93,20 @@ impl Farm {
     pub fn users(&self, who: &Identity) -> Result<Vec<UserRecord>, Error> {
         Self::admin_only(who)?;
         Ok(self.lock().users.values().cloned().collect())
+    }
+
+    /// Makes `record`'s token authenticate.
+    pub(super) fn remember_token(&self, record: &UserRecord) {
+        self.tokens
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                record.token_hash.clone(),
+                Identity {
+                    name: record.name.clone(),
+                    role: record.role,
+                },
+            );
     }
 
     pub(super) fn admin_only(who: &Identity) -> Result<(), Error> {

@@ -48,7 +48,7 @@ impl Page {
 }
 
 /// A job's tasks counted by state, and its progress.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TaskCounts {
     /// Tasks waiting for a slot.
     pub queued: u32,
@@ -111,57 +111,40 @@ impl JobSnapshot {
     }
 }
 
-/// Counts of `tasks` of `job`.
-pub(super) fn count(job: &Job, tasks: &[Task]) -> TaskCounts {
-    let mut c = TaskCounts::default();
-    for t in tasks {
-        match &t.state {
-            TaskState::Queued => c.queued += 1,
-            TaskState::Leased { .. } => {
-                c.leased += 1;
-                c.running_frames_done += t.frames_done;
-                c.samples_done += u64::from(t.samples_done);
-                c.samples_total += u64::from(t.samples_total);
-            }
-            TaskState::Done { outputs } => {
-                c.done += 1;
-                if !job.is_tiled() {
-                    c.outputs += outputs.len() as u32;
-                    c.frames_done += outputs.iter().filter(|o| o.pass.is_empty()).count() as u32;
-                }
-            }
-            TaskState::Failed { .. } => c.failed += 1,
-            TaskState::Canceled => c.canceled += 1,
-        }
-    }
-    if job.is_tiled() {
-        c.outputs = job.stitched.len() as u32;
-        c.frames_done = job.stitched.iter().filter(|o| o.pass.is_empty()).count() as u32;
-    }
-    c
-}
-
-/// The view of `job` (whose tasks are `tasks`) with `page`.
+/// The view of `job` (whose tasks are `tasks`, indexed by `index`) with
+/// `page`: counts come from the index; only the page is copied.
 pub(super) fn snapshot(
     job: &Job,
     tasks: &[Task],
+    index: Option<&state::JobIndex>,
     page: Page,
     waiting: Option<String>,
 ) -> JobSnapshot {
     let from = (page.task_from as usize).min(tasks.len());
-    let to = from
-        .saturating_add(page.task_limit as usize)
-        .min(tasks.len());
+    let to = from.saturating_add(page.task_limit as usize).min(tasks.len());
     let paged = &tasks[from..to];
-    let outputs: Vec<FrameOutput> = if job.is_tiled() {
+    let mut counts = index.map(|i| i.counts).unwrap_or_default();
+    if let Some(i) = index {
+        for &t in &i.leased {
+            let t = &tasks[t as usize];
+            counts.running_frames_done += t.frames_done;
+            counts.samples_done += u64::from(t.samples_done);
+            counts.samples_total += u64::from(t.samples_total);
+        }
+    }
+    if job.is_tiled() {
+        counts.outputs = job.stitched.len() as u32;
+        counts.frames_done = job.stitched.iter().filter(|o| o.pass.is_empty()).count() as u32;
+    }
+    let outputs: Vec<FrameOutput> = if page.output_limit == 0 {
+        Vec::new()
+    } else if job.is_tiled() {
         job.stitched
             .iter()
             .skip(page.output_from as usize)
             .take(page.output_limit as usize)
             .cloned()
             .collect()
-    } else if page.output_limit == 0 {
-        Vec::new()
     } else {
         tasks
             .iter()
@@ -186,7 +169,7 @@ pub(super) fn snapshot(
                 frame: f,
                 done: frame.iter().filter(|t| t.is_done()).count() as u32,
                 total: frame.len() as u32,
-                stitched: job.stitched.iter().any(|o| o.frame == f),
+                stitched: job.stitched.binary_search_by_key(&f, |o| o.frame).is_ok(),
             });
         }
     }
@@ -195,8 +178,27 @@ pub(super) fn snapshot(
         tasks: paged.to_vec(),
         outputs,
         frame_tiles,
-        counts: count(job, tasks),
+        counts,
         waiting,
         archived: false,
+    }
+}
+
+/// The view of an archived job: its summary, and the page of `outputs`
+/// (read from the store when the page asks for any).
+pub(super) fn archived(a: &ArchivedSummary, outputs: &[FrameOutput], page: Page) -> JobSnapshot {
+    JobSnapshot {
+        job: a.job.clone(),
+        tasks: Vec::new(),
+        outputs: outputs
+            .iter()
+            .skip(page.output_from as usize)
+            .take(page.output_limit as usize)
+            .cloned()
+            .collect(),
+        frame_tiles: Vec::new(),
+        counts: a.counts,
+        waiting: None,
+        archived: true,
     }
 }

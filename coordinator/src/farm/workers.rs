@@ -49,10 +49,12 @@ impl Farm {
             features: reg.features,
             owner: reg.owner,
         };
-        self.store.write(&[Record::Worker(&record)])?;
         tracing::info!(worker = %id, name = %record.name, slots = record.slots, "worker registered");
+        let ticket = self.commit(&st, vec![Owned::Worker(record.clone())]);
         st.workers.insert(id.clone(), record);
         st.announce(FarmEvent::Worker(id.clone()));
+        drop(st);
+        ticket.wait()?;
         Ok((id, self.config.lease_ttl_ms))
     }
 
@@ -78,12 +80,7 @@ impl Farm {
             .map(|w| WorkerSnapshot {
                 record: w.clone(),
                 online: self.online(w, now),
-                running: st
-                    .tasks
-                    .values()
-                    .flatten()
-                    .filter(|t| t.holder() == Some(&w.id))
-                    .count() as u32,
+                running: st.held.get(&w.id).map_or(0, |h| h.len() as u32),
                 drain: st.health.get(&w.id).and_then(|h| h.drain.clone()),
             })
             .collect()
@@ -126,15 +123,17 @@ impl Farm {
             (Some(_), None) => tracing::info!(worker = %worker, "healthy again; back in service"),
             _ => {}
         }
-        if caps_changed {
+        let ticket = if caps_changed {
             let record = record.clone();
-            self.store.write(&[Record::Worker(&record)])?;
-        }
+            self.commit(&st, vec![Owned::Worker(record)])
+        } else {
+            Ticket::none()
+        };
         st.announce(FarmEvent::Worker(worker.clone()));
-        drop(st);
         if before.is_some() && after.is_none() {
-            self.queued.notify_waiters();
+            st.wake_all();
         }
-        Ok(())
+        drop(st);
+        ticket.wait()
     }
 }

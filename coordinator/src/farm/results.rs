@@ -1,0 +1,168 @@
+//! Results: a completed task, a failed attempt, and what each does to its
+//! job (done, retried elsewhere, failed with the reason).
+
+use super::*;
+
+impl Farm {
+    /// Records a task's result. Every output blob must already be stored.
+    pub fn complete(&self, lease: LeaseId, outputs: Vec<FrameOutput>) -> Result<Completion, Error> {
+        for o in &outputs {
+            check_output(o)?;
+        }
+        let now = self.clock.now_ms();
+        let (ready, ticket) = {
+            let mut st = self.lock();
+            // Checked under the lock, so the collector cannot delete a blob
+            // between this check and the record that references it.
+            for o in &outputs {
+                if !self.blobs.contains(&o.digest) {
+                    return Err(Error::NotFound(format!(
+                        "blob {} of frame {} (it was not uploaded, or was collected); upload it again, then report the result",
+                        o.digest, o.frame
+                    )));
+                }
+            }
+            let (mut task, mut job) = Self::find(&st, lease)?;
+            let holder = task.holder().cloned();
+            let since = match task.state {
+                TaskState::Leased { since_ms, .. } if since_ms > 0 => Some(since_ms),
+                _ => None,
+            };
+            let completion = task.complete(lease.grant, outputs)?;
+            if let (Completion::Recorded, Some(since)) = (completion, since) {
+                let secs = now.saturating_sub(since) as f64 / 1000.0;
+                self.count_stat(|stats| {
+                    if let Some(b) = DURATION_BUCKETS.iter().position(|&b| secs <= b) {
+                        stats.duration_buckets[b] += 1;
+                    }
+                    stats.duration_sum += secs;
+                    stats.duration_count += 1;
+                });
+            }
+            if completion == Completion::Duplicate {
+                tracing::info!(lease = %lease, "duplicate result ignored");
+                return Ok(completion);
+            }
+            tracing::debug!(lease = %lease, "task done");
+            let frame = task.frames[0];
+            let was_done = st.tasks[&lease.job][task.index as usize].is_done();
+            let done = st.index[&lease.job].counts.done + u32::from(!was_done);
+            if !job.is_tiled() && !job.state.is_final() && done == job.task_count {
+                job.finish(now)?;
+                tracing::info!(job = %job.id, "job done");
+            }
+            let ticket = self.apply(&mut st, vec![task], job, holder.as_ref().map(|h| (h, true)));
+            (st.to_stitch.contains(&(lease.job, frame)).then_some(frame), ticket)
+        };
+        ticket.wait()?;
+        if let Some(frame) = ready {
+            // The result is recorded; a stitch that fails now is retried from
+            // the stitch queue, so the worker is not told its result failed.
+            if let Err(e) = self.stitch_frame(lease.job, frame) {
+                tracing::warn!(job = %lease.job, frame, "stitch deferred: {e}");
+            }
+        }
+        Ok(Completion::Recorded)
+    }
+
+    /// Records a failed attempt; the task is retried elsewhere or, out of
+    /// attempts, fails its job. The reporter's `scope` decides how far its
+    /// word goes: a failure no worker can fix fails the job now; one only this
+    /// machine has fails it only when a second worker agrees or when no other
+    /// worker could take the task.
+    pub fn fail(
+        &self,
+        lease: LeaseId,
+        reason: &str,
+        log_tail: &str,
+        scope: FailureScope,
+    ) -> Result<FailOutcome, Error> {
+        let reason: String = reason.chars().take(2000).collect();
+        let tail: String = {
+            let chars: Vec<char> = log_tail.chars().collect();
+            chars[chars.len().saturating_sub(8000)..].iter().collect()
+        };
+        let message = if tail.trim().is_empty() {
+            reason.clone()
+        } else {
+            format!("{reason}\n--- blender log (tail) ---\n{}", tail.trim_end())
+        };
+        let now = self.clock.now_ms();
+        let mut st = self.lock();
+        let (mut task, mut job) = Self::find(&st, lease)?;
+        let holder = task.holder().cloned();
+        // Why this one failure ends the job, when it does.
+        let mut final_word = match scope {
+            FailureScope::Everywhere => Some("cannot be rendered anywhere"),
+            _ => None,
+        };
+        if let (FailureScope::Machine, Some(h)) = (scope, &holder) {
+            let agreed = task.machine_failed_on.iter().any(|w| w != h);
+            if !task.machine_failed_on.contains(h) {
+                task.machine_failed_on.push(h.clone());
+            }
+            let someone_else = st.workers.values().any(|w| {
+                &w.id != h
+                    && !task.machine_failed_on.contains(&w.id)
+                    && self.available(&st, w, now)
+                    && capable(&job, w)
+                    && job
+                        .failures_by_worker
+                        .get(&w.id.0)
+                        .is_none_or(|n| *n < self.config.block_after)
+            });
+            if agreed {
+                final_word = Some("failed the same way on two workers");
+            } else if !someone_else {
+                final_word = Some("failed on the only worker that could take them");
+            }
+        }
+        let max = if final_word.is_some() {
+            1
+        } else {
+            job.max_attempts
+        };
+        if let Some(h) = &holder {
+            let n = job.failures_by_worker.entry(h.0.clone()).or_default();
+            *n += 1;
+            if *n == self.config.block_after {
+                tracing::warn!(job = %job.id, worker = %h, "worker blocked for this job after {n} failures");
+            }
+        }
+        let outcome = task.fail(lease.grant, message.clone(), max)?;
+        self.count_stat(|s| s.attempts_failed += 1);
+        let mut changed = Vec::new();
+        if outcome == FailOutcome::Failed && !job.state.is_final() {
+            let what = match final_word {
+                Some(why) => format!("frames {:?} {why}: {}", task.frames, message),
+                None => format!(
+                    "frames {:?} failed {} times; last error: {}",
+                    task.frames, task.failures, message
+                ),
+            };
+            job.fail(what, now)?;
+            changed = Self::canceled_siblings(&st, lease.job, task.index);
+            tracing::warn!(job = %job.id, "job failed: {reason}");
+        } else {
+            tracing::warn!(lease = %lease, "task failed, will retry: {reason}");
+        }
+        changed.push(task);
+        let ticket = self.apply(&mut st, changed, job, holder.as_ref().map(|h| (h, false)));
+        drop(st);
+        ticket.wait()?;
+        Ok(outcome)
+    }
+
+}
+
+/// Refuses an output whose extension is not a plain file extension (pass
+/// names are checked by [`Task::complete`], with the task's frames).
+fn check_output(o: &FrameOutput) -> Result<(), Error> {
+    if o.ext.is_empty() || o.ext.len() > 8 || !o.ext.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(Error::invalid(format!(
+            "`{}` is not a file extension",
+            o.ext
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,215 @@
+//! Accepting jobs: validating a submission, splitting it into tasks and
+//! storing it.
+
+use super::*;
+
+impl Farm {
+    /// Accepts a job: validates it, splits it into tasks and stores it.
+    pub fn submit(&self, sub: Submission) -> Result<JobId, Error> {
+        let frames = FrameSet::parse(&sub.frames, self.config.max_frames)
+            .map_err(|e| Error::Invalid(e.to_string()))?;
+        if !self.blobs.contains(&sub.scene) {
+            return Err(Error::invalid(format!(
+                "scene {} has not been uploaded; upload it before submitting (tessera submit does this)",
+                sub.scene
+            )));
+        }
+        let head = self.blobs.read_range(&sub.scene, 0, 12)?;
+        let size = self.blobs.size(&sub.scene).unwrap_or(0);
+        let tail_at = size.saturating_sub(crate::blendfile::TAIL as u64);
+        let tail = self
+            .blobs
+            .read_range(&sub.scene, tail_at, crate::blendfile::TAIL)?;
+        if let Err(e) = crate::blendfile::check_end(&head, &tail) {
+            return Err(Error::invalid(format!("scene {} {e}", sub.scene_name)));
+        }
+        let chunk = if sub.chunk == 0 { 1 } else { sub.chunk };
+        let max_attempts = match sub.max_attempts {
+            0 => self.config.max_attempts,
+            n if n > 100 => {
+                return Err(Error::invalid(
+                    "max attempts is over 100; use a smaller number",
+                ))
+            }
+            n => n,
+        };
+        let name: String = sub
+            .scene_name
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(200)
+            .collect();
+        let grid: Grid = match sub.tiles.trim() {
+            "" => Grid::WHOLE,
+            t => t
+                .parse()
+                .map_err(|e: tiles::TileError| Error::Invalid(e.to_string()))?,
+        };
+        let overscan = sub.overscan.unwrap_or(DEFAULT_OVERSCAN);
+        if overscan > 4096 {
+            return Err(Error::invalid(format!(
+                "overscan of {overscan} px is too large; use at most 4096"
+            )));
+        }
+        let (width, height, rects) = if grid.count() > 1 {
+            let info = sub.scene_info.as_ref().filter(|i| i.width > 0 && i.height > 0).ok_or_else(|| {
+                Error::invalid("a tiled job needs the scene's resolution; submit it with `tessera submit`, which reads it with Blender")
+            })?;
+            if !matches!(info.file_format.as_str(), "PNG" | "OPEN_EXR") {
+                return Err(Error::invalid(format!(
+                    "the scene's output format is {}, which cannot be stitched from tiles; set Output Properties > File Format to PNG or OpenEXR, or submit without --tiles",
+                    info.file_format
+                )));
+            }
+            let rects = tiles::split(info.width, info.height, grid, self.config.max_tiles)
+                .map_err(|e| Error::Invalid(e.to_string()))?;
+            let total = rects.len() as u64 * frames.len() as u64;
+            if total > self.config.max_frames {
+                return Err(Error::invalid(format!(
+                    "{} frames of {} tiles make {total} tasks, over the limit of {}; split the frames into several jobs",
+                    frames.len(),
+                    rects.len(),
+                    self.config.max_frames
+                )));
+            }
+            (info.width, info.height, rects)
+        } else {
+            (0, 0, Vec::new())
+        };
+        let requirements = Requirements::parse(&sub.device, sub.min_vram_gb, &sub.tags)?
+            .with_features(&sub.features)?;
+        let file_set = sub
+            .file_set
+            .map(|d| self.check_file_set(&d, &sub.scene))
+            .transpose()?;
+        let missing_files = file_set
+            .as_ref()
+            .map(|i| i.missing.clone())
+            .unwrap_or_default();
+        let now = self.clock.now_ms();
+        // The id is spent even if the submission fails: a failed write may
+        // have reached the disk in part, and an id is never handed out twice.
+        let id = {
+            let mut st = self.lock();
+            st.next_job += 1;
+            JobId(st.next_job - 1)
+        };
+        let tasks: Vec<Task> = if rects.is_empty() {
+            frames
+                .chunks(chunk)
+                .into_iter()
+                .enumerate()
+                .map(|(i, f)| Task::new(id, i as u32, f))
+                .collect()
+        } else {
+            let mut tasks = Vec::with_capacity(frames.len() * rects.len());
+            for &frame in frames.frames() {
+                for (t, rect) in rects.iter().enumerate() {
+                    let tile = TileTask {
+                        index: t as u32,
+                        inner: *rect,
+                        rendered: tiles::with_overscan(*rect, overscan, width, height),
+                    };
+                    tasks.push(Task::new_tile(id, tasks.len() as u32, frame, tile));
+                }
+            }
+            tasks
+        };
+        let job = Job {
+            id,
+            scene: sub.scene,
+            scene_name: if name.is_empty() {
+                "scene.blend".into()
+            } else {
+                name
+            },
+            frames: frames.to_string(),
+            frame_count: frames.len() as u32,
+            chunk: if rects.is_empty() { chunk } else { 1 },
+            priority: sub.priority,
+            max_attempts,
+            task_count: tasks.len() as u32,
+            state: JobState::Queued,
+            message: String::new(),
+            created_ms: now,
+            finished_ms: None,
+            grid,
+            overscan,
+            width,
+            height,
+            stitched: Vec::new(),
+            requirements,
+            failures_by_worker: Default::default(),
+            owner: sub.owner.clone(),
+            file_set: sub.file_set,
+            missing_files,
+        };
+        // Tasks go first, in chunks and outside the lock: they count only
+        // once their job's record lands, which the group commit writes.
+        if let Err(e) = self.write_tasks(id, &tasks) {
+            if let Err(p) = self.store.purge_tasks(id) {
+                tracing::warn!(job = %id, "cannot purge the tasks of a failed submission: {p}");
+            }
+            return Err(e);
+        }
+        let n = tasks.len();
+        let ticket = {
+            let mut st = self.lock();
+            if let (Some(d), Some(info)) = (sub.file_set, file_set) {
+                st.file_sets.insert(d, info.blobs.into());
+            }
+            let ticket = self.commit(&st, vec![Owned::Job(job.clone())]);
+            st.install(job, tasks, now);
+            ticket
+        };
+        ticket.wait()?;
+        tracing::info!(job = %id, tasks = n, "job submitted");
+        Ok(id)
+    }
+
+    /// Writes the task records of new job `id`, a chunk per transaction,
+    /// noting that ids up to `id` are spent.
+    fn write_tasks(&self, id: JobId, tasks: &[Task]) -> Result<(), Error> {
+        const CHUNK: usize = 20_000;
+        for (i, chunk) in tasks.chunks(CHUNK).enumerate() {
+            let mut records: Vec<crate::store::Record<'_>> =
+                chunk.iter().map(crate::store::Record::Task).collect();
+            if i == 0 {
+                records.push(crate::store::Record::NextJob(id.0 + 1));
+            }
+            self.store.write(&records)?;
+        }
+        Ok(())
+    }
+
+    /// Checks a submitted file set: a valid message whose entries are all stored.
+    fn check_file_set(
+        &self,
+        d: &Digest,
+        scene: &Digest,
+    ) -> Result<crate::fileset::FileSetInfo, Error> {
+        let bytes = self.blobs.read(d).map_err(|e| match e {
+            Error::NotFound(_) => Error::invalid(format!(
+                "file set {d} has not been uploaded; upload it before submitting (tessera submit does this)"
+            )),
+            other => other,
+        })?;
+        let (set, info) = crate::fileset::check(&bytes, scene)?;
+        let absent: Vec<&str> = set
+            .files
+            .iter()
+            .filter(|f| f.shared.is_empty())
+            .zip(&info.blobs)
+            .filter(|(_, b)| !self.blobs.contains(b))
+            .map(|(f, _)| f.path.as_str())
+            .take(10)
+            .collect();
+        if !absent.is_empty() {
+            return Err(Error::invalid(format!(
+                "the file set names files that were not uploaded ({}); upload them first (tessera submit does this)",
+                absent.join(", ")
+            )));
+        }
+        Ok(info)
+    }
+}

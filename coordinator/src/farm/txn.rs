@@ -1,0 +1,265 @@
+//! Units of work and group commit.
+//!
+//! Every change follows one sequence: compute the new records on copies
+//! under the state lock, hand them to the committer ([`Farm::commit`]) and
+//! install them in memory, still under the lock, so that the order of
+//! commits is the order of changes; then drop the lock and wait for the
+//! [`Ticket`]. One committer thread takes every change queued while the
+//! previous write ran and writes them as one store transaction with one
+//! flush (and `fsync`). A caller is answered only once the write holding its
+//! change is on disk, so "acknowledged means stored" holds while hundreds
+//! of changes share one flush.
+//!
+//! Memory may run ahead of the disk by the changes in flight; readers may see
+//! them, none is acknowledged before it is stored. When a write fails, the
+//! committer fails it and every change queued behind it (they were computed
+//! on top of it), and rebuilds the state from the store before any caller
+//! hears of the failure: memory again equals what is stored.
+
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Condvar;
+
+use super::*;
+use crate::store::{ArchivedJob, Record};
+
+/// A record to write, owned so that it can wait in the commit queue.
+#[derive(Debug, Clone)]
+pub(super) enum Owned {
+    Job(Job),
+    Task(Task),
+    Worker(WorkerRecord),
+    User(UserRecord),
+    RemoveUser(String),
+    Grant(String, Digest),
+    Archive(Box<ArchivedJob>),
+    Delete(JobId),
+}
+
+impl Owned {
+    fn record(&self) -> Record<'_> {
+        match self {
+            Owned::Job(j) => Record::Job(j),
+            Owned::Task(t) => Record::Task(t),
+            Owned::Worker(w) => Record::Worker(w),
+            Owned::User(u) => Record::User(u),
+            Owned::RemoveUser(n) => Record::RemoveUser(n),
+            Owned::Grant(u, d) => Record::Grant(u, *d),
+            Owned::Archive(a) => Record::Archive(a),
+            Owned::Delete(id) => Record::Delete(*id),
+        }
+    }
+}
+
+/// A change waiting in the commit queue.
+pub(super) struct Entry {
+    records: Vec<Owned>,
+    done: Arc<Slot>,
+}
+
+#[derive(Default)]
+struct Slot {
+    result: Mutex<Option<Result<(), String>>>,
+    ready: Condvar,
+    notify: Notify,
+}
+
+impl Slot {
+    fn finish(&self, r: Result<(), String>) {
+        *self.result.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+        self.ready.notify_all();
+        self.notify.notify_one();
+    }
+
+    fn take(&self) -> Option<Result<(), Error>> {
+        self.result
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .map(|r| r.map_err(Error::Store))
+    }
+}
+
+/// A promise that a change will be stored: wait for it before telling
+/// anyone the change happened.
+#[must_use = "a change is acknowledged only after its ticket says it is stored"]
+pub struct Ticket(Option<Arc<Slot>>);
+
+impl Ticket {
+    /// A ticket for a change that wrote nothing.
+    pub(super) fn none() -> Self {
+        Ticket(None)
+    }
+
+    /// Blocks until the change is stored (or failed to be).
+    pub fn wait(self) -> Result<(), Error> {
+        let Some(slot) = self.0 else { return Ok(()) };
+        let mut r = slot.result.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(r) = r.take() {
+                return r.map_err(Error::Store);
+            }
+            r = slot.ready.wait(r).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Waits without blocking the async runtime.
+    pub async fn stored(self) -> Result<(), Error> {
+        let Some(slot) = self.0 else { return Ok(()) };
+        loop {
+            let notified = slot.notify.notified();
+            if let Some(r) = slot.take() {
+                return r;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// What the committer needs to rebuild the state after a failed write.
+pub(super) struct Committer {
+    /// Weak: the state holds the queue's sender, and the thread ends when
+    /// the farm (the state's owner) is dropped.
+    pub(super) state: std::sync::Weak<Mutex<State>>,
+    pub(super) store: Arc<dyn MetaStore>,
+    pub(super) blobs: Arc<dyn BlobStore>,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) lease_ttl_ms: u64,
+    pub(super) stats: Arc<Mutex<Stats>>,
+}
+
+/// The most changes written in one transaction.
+const MAX_BATCH: usize = 4096;
+
+impl Committer {
+    /// Starts the committer thread; it ends when every sender is gone.
+    pub(super) fn start(self) -> Sender<Entry> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("tessera-commit".into())
+            .spawn(move || self.run(rx))
+            .expect("the commit thread starts");
+        tx
+    }
+
+    fn run(self, rx: Receiver<Entry>) {
+        while let Ok(first) = rx.recv() {
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(e) => batch.push(e),
+                    Err(_) => break,
+                }
+            }
+            let records: Vec<Record<'_>> = batch
+                .iter()
+                .flat_map(|e| e.records.iter().map(Owned::record))
+                .collect();
+            let result = self.store.write(&records);
+            drop(records);
+            {
+                let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+                stats.commits += 1;
+                stats.committed_changes += batch.len() as u64;
+            }
+            match result {
+                Ok(()) => {
+                    for e in batch {
+                        e.done.finish(Ok(()));
+                    }
+                }
+                Err(err) => {
+                    let msg = err.to_string();
+                    tracing::error!("a write failed; rebuilding the state from the store: {msg}");
+                    let state = self.state.upgrade();
+                    let mut st = state
+                        .as_ref()
+                        .map(|s| s.lock().unwrap_or_else(|e| e.into_inner()));
+                    // Everything queued behind the failed write was computed
+                    // on top of it: it fails too.
+                    let mut behind = Vec::new();
+                    while let Ok(e) = rx.try_recv() {
+                        behind.push(e);
+                    }
+                    if let Some(st) = st.as_mut() {
+                        self.rebuild(st);
+                    }
+                    drop(st);
+                    for e in batch {
+                        e.done.finish(Err(msg.clone()));
+                    }
+                    for e in behind {
+                        e.done.finish(Err(format!(
+                            "an earlier change could not be stored ({msg}); try again"
+                        )));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Makes memory equal the store again, keeping what is not stored
+    /// (health, the event channel, parked lease calls, which are woken).
+    fn rebuild(&self, st: &mut State) {
+        let now = self.clock.now_ms();
+        match State::recover(&*self.store, &*self.blobs, now, self.lease_ttl_ms) {
+            Ok(mut fresh) => {
+                fresh.health = std::mem::take(&mut st.health);
+                fresh.events = st.events.take();
+                fresh.commits = st.commits.take();
+                fresh.touched = std::mem::take(&mut st.touched);
+                fresh.next_job = fresh.next_job.max(st.next_job);
+                fresh.waiters = std::mem::take(&mut st.waiters);
+                fresh.next_waiter = st.next_waiter;
+                *st = fresh;
+                st.wake_all();
+            }
+            Err(e) => {
+                tracing::error!(
+                    "cannot read the store back after a failed write ({e}); stop the coordinator and check its --data volume"
+                );
+            }
+        }
+    }
+}
+
+impl Farm {
+    /// Queues `records` for the store; call with the state lock held, then
+    /// install the change, drop the lock and wait for the ticket.
+    pub(super) fn commit(&self, st: &State, records: Vec<Owned>) -> Ticket {
+        if records.is_empty() {
+            return Ticket::none();
+        }
+        let done = Arc::new(Slot::default());
+        let entry = Entry {
+            records,
+            done: done.clone(),
+        };
+        match &st.commits {
+            Some(tx) if tx.send(entry).is_ok() => Ticket(Some(done)),
+            _ => {
+                done.finish(Err("the coordinator is shutting down".into()));
+                Ticket(Some(done))
+            }
+        }
+    }
+
+    /// The unit of work: writes `job` (when it changed) and `changed` tasks
+    /// (and `extra` records), installs them, and returns the ticket to wait
+    /// on once the lock is dropped.
+    pub(super) fn save(
+        &self,
+        st: &mut State,
+        job: Job,
+        changed: Vec<Task>,
+        extra: Vec<Owned>,
+    ) -> Ticket {
+        let mut records: Vec<Owned> = changed.iter().cloned().map(Owned::Task).collect();
+        records.extend(extra);
+        if st.jobs.get(&job.id) != Some(&job) {
+            records.push(Owned::Job(job.clone()));
+        }
+        let ticket = self.commit(st, records);
+        st.install(job, changed, self.clock.now_ms());
+        ticket
+    }
+}
