@@ -271,7 +271,6 @@ pub enum FarmEvent {
     Worker(WorkerId),
 }
 
-
 /// The coordinator's domain service.
 pub struct Farm {
     state: Arc<Mutex<State>>,
@@ -377,5 +376,7 @@ impl Farm {
     }
 }
 
+#[cfg(test)]
+mod scale_tests;
 #[cfg(test)]
 mod tests;

@@ -267,7 +267,9 @@ impl pb::farm_server::Farm for FarmService {
             0 => 100,
             n => n.min(1000),
         };
-        let (jobs, next) = self.farm.job_list(&who, r.after, limit as usize, r.archived);
+        let (jobs, next) = self
+            .farm
+            .job_list(&who, r.after, limit as usize, r.archived);
         Ok(Response::new(pb::ListJobsResponse {
             jobs: jobs.iter().map(Into::into).collect(),
             next_after: next.unwrap_or(0),

@@ -156,15 +156,20 @@ pub struct SledStore {
 impl SledStore {
     /// Opens (creating) the database at `path`.
     pub fn open(path: &Path) -> Result<Self, Error> {
-        let db = sled::Config::new().path(path).open().map_err(|e| {
-            Error::Store(format!(
-                "cannot open {}: {e}; is another coordinator using this --data directory?",
-                path.display()
-            ))
-        })?;
-        let log = std::fs::File::open(path.join("db")).map_err(|e| {
-            Error::Store(format!("cannot open {}: {e}", path.join("db").display()))
-        })?;
+        // The farm keeps every live record in memory itself; sled's page
+        // cache (1 GiB by default) would only double it.
+        let db = sled::Config::new()
+            .path(path)
+            .cache_capacity(64 << 20)
+            .open()
+            .map_err(|e| {
+                Error::Store(format!(
+                    "cannot open {}: {e}; is another coordinator using this --data directory?",
+                    path.display()
+                ))
+            })?;
+        let log = std::fs::File::open(path.join("db"))
+            .map_err(|e| Error::Store(format!("cannot open {}: {e}", path.join("db").display())))?;
         Ok(Self {
             jobs: db.open_tree("jobs")?,
             tasks: db.open_tree("tasks")?,
@@ -346,31 +351,33 @@ impl SledStore {
             &self.archive_outputs,
             &self.meta,
         )
-            .transaction(|(jobs, tasks, workers, users, grants, archive, outputs, meta)| {
-                let ordered = encoded
-                    .iter()
-                    .filter(|e| e.0 != 0)
-                    .chain(encoded.iter().filter(|e| e.0 == 0));
-                let mut before = Vec::with_capacity(encoded.len());
-                for (tree, key, value) in ordered {
-                    let t = match tree {
-                        0 => jobs,
-                        1 => tasks,
-                        2 => workers,
-                        3 => users,
-                        4 => grants,
-                        5 => archive,
-                        6 => outputs,
-                        _ => meta,
-                    };
-                    let old = match value {
-                        Some(v) => t.insert(key.as_slice(), v.as_slice())?,
-                        None => t.remove(key.as_slice())?,
-                    };
-                    before.push((*tree, key.clone(), old.map(|o| o.to_vec())));
-                }
-                Ok::<_, ConflictableTransactionError<()>>(before)
-            })
+            .transaction(
+                |(jobs, tasks, workers, users, grants, archive, outputs, meta)| {
+                    let ordered = encoded
+                        .iter()
+                        .filter(|e| e.0 != 0)
+                        .chain(encoded.iter().filter(|e| e.0 == 0));
+                    let mut before = Vec::with_capacity(encoded.len());
+                    for (tree, key, value) in ordered {
+                        let t = match tree {
+                            0 => jobs,
+                            1 => tasks,
+                            2 => workers,
+                            3 => users,
+                            4 => grants,
+                            5 => archive,
+                            6 => outputs,
+                            _ => meta,
+                        };
+                        let old = match value {
+                            Some(v) => t.insert(key.as_slice(), v.as_slice())?,
+                            None => t.remove(key.as_slice())?,
+                        };
+                        before.push((*tree, key.clone(), old.map(|o| o.to_vec())));
+                    }
+                    Ok::<_, ConflictableTransactionError<()>>(before)
+                },
+            )
             .map_err(|e: TransactionError<()>| Error::Store(format!("transaction failed: {e:?}")))
     }
 

@@ -94,6 +94,45 @@ fn two_workers_render_every_frame_exactly_and_scenes_upload_once() {
             .all(|j| j["state"] == "done"),
         "{jobs:#}"
     );
+
+    // Archived: out of the live list, still listed with --archived, its
+    // frames still fetchable; deleted: gone.
+    let first = jobs[0]["id"].as_u64().unwrap().to_string();
+    let archived = cli(&coord.url, &["archive", &first]);
+    assert!(archived.status.success(), "{archived:?}");
+    let live: serde_json::Value =
+        serde_json::from_str(&cli_ok(&coord.url, &["jobs", "--json"])).unwrap();
+    assert!(
+        live.as_array()
+            .unwrap()
+            .iter()
+            .all(|j| j["id"].to_string() != first),
+        "{live:#}"
+    );
+    let all: serde_json::Value =
+        serde_json::from_str(&cli_ok(&coord.url, &["jobs", "--archived", "--json"])).unwrap();
+    let entry = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["id"].to_string() == first)
+        .expect("listed with --archived");
+    assert_eq!(entry["archived"], true);
+    assert_eq!(entry["frames_done"], 8);
+    let again_out = dir.path().join("again");
+    cli_ok(
+        &coord.url,
+        &["fetch", &first, "-o", again_out.to_str().unwrap()],
+    );
+    assert_matches_reference(&again_out, &refs, 1..=8);
+    let deleted = cli(&coord.url, &["delete", &first]);
+    assert!(deleted.status.success(), "{deleted:?}");
+    let gone = cli(&coord.url, &["status", &first]);
+    assert!(!gone.status.success());
+    assert!(
+        String::from_utf8_lossy(&gone.stderr).contains("not found"),
+        "{gone:?}"
+    );
 }
 
 #[test]

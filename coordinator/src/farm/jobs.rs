@@ -285,6 +285,14 @@ impl Farm {
     /// blobs are collected once nothing else references them.
     pub fn delete(&self, id: JobId) -> Result<(), Error> {
         let now = self.clock.now_ms();
+        // An archived job's references were counted from its stored record:
+        // read them before the record goes.
+        let archived = self.lock().archived.contains_key(&id);
+        let blobs = if archived {
+            self.archived_blobs(id)?
+        } else {
+            Vec::new()
+        };
         let ticket = {
             let mut st = self.lock();
             if let Some(job) = st.jobs.get(&id) {
@@ -297,13 +305,8 @@ impl Farm {
                 let ticket = self.commit(&st, vec![Owned::Delete(id)]);
                 st.remove_job(id, now);
                 ticket
-            } else if st.archived.contains_key(&id) {
+            } else if archived && st.archived.remove(&id).is_some() {
                 let ticket = self.commit(&st, vec![Owned::Delete(id)]);
-                st.archived.remove(&id);
-                // Its references were counted from the archive record.
-                drop(st);
-                let blobs = self.archived_blobs(id)?;
-                let mut st = self.lock();
                 for d in blobs {
                     if st.refs.release(&d) {
                         st.garbage.insert(d, now);

@@ -266,7 +266,8 @@ impl Farm {
                 };
                 if expires_ms > now {
                     // Renewed since: its new deadline goes in the heap.
-                    st.deadlines.push(std::cmp::Reverse((expires_ms, job, index)));
+                    st.deadlines
+                        .push(std::cmp::Reverse((expires_ms, job, index)));
                     continue;
                 }
                 if !seen.insert((job, index)) {

@@ -52,7 +52,10 @@ impl Farm {
                 tracing::info!(job = %job.id, "job done");
             }
             let ticket = self.apply(&mut st, vec![task], job, holder.as_ref().map(|h| (h, true)));
-            (st.to_stitch.contains(&(lease.job, frame)).then_some(frame), ticket)
+            (
+                st.to_stitch.contains(&(lease.job, frame)).then_some(frame),
+                ticket,
+            )
         };
         ticket.wait()?;
         if let Some(frame) = ready {
@@ -152,7 +155,6 @@ impl Farm {
         ticket.wait()?;
         Ok(outcome)
     }
-
 }
 
 /// Refuses an output whose extension is not a plain file extension (pass

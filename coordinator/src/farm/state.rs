@@ -236,10 +236,14 @@ impl State {
                 self.garbage.insert(d, now);
             }
         }
-        let became_final = job.state.is_final() && !old_job.as_ref().is_some_and(|o| o.state.is_final());
-        let reopened = !job.state.is_final() && old_job.as_ref().is_some_and(|o| o.state.is_final());
+        let became_final =
+            job.state.is_final() && !old_job.as_ref().is_some_and(|o| o.state.is_final());
+        let reopened =
+            !job.state.is_final() && old_job.as_ref().is_some_and(|o| o.state.is_final());
         let resumed = job.state != JobState::Paused
-            && old_job.as_ref().is_some_and(|o| o.state == JobState::Paused);
+            && old_job
+                .as_ref()
+                .is_some_and(|o| o.state == JobState::Paused);
         let runnable =
             !job.state.is_final() && job.state != JobState::Paused && !index.ready.is_empty();
         if runnable {
@@ -407,7 +411,9 @@ impl State {
 /// frame order, so they are one run found by binary search.
 fn frame_tasks(tasks: &[Task], frame: u32) -> impl Iterator<Item = &Task> {
     let start = tasks.partition_point(|t| t.frames[0] < frame);
-    tasks[start..].iter().take_while(move |t| t.frames[0] == frame)
+    tasks[start..]
+        .iter()
+        .take_while(move |t| t.frames[0] == frame)
 }
 
 /// Takes `t` out of its job's indexes.

@@ -25,4 +25,3 @@ pub struct Stats {
     /// Changes those transactions held (group commit puts several in one).
     pub committed_changes: u64,
 }
-

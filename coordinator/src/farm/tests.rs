@@ -5,15 +5,15 @@ use crate::blob_store::MemoryBlobStore;
 use crate::clock::ManualClock;
 use crate::store::MemoryStore;
 
-struct Fixture {
-    farm: Farm,
-    clock: Arc<ManualClock>,
-    store: Arc<MemoryStore>,
-    blobs: Arc<MemoryBlobStore>,
-    scene: Digest,
+pub(super) struct Fixture {
+    pub(super) farm: Farm,
+    pub(super) clock: Arc<ManualClock>,
+    pub(super) store: Arc<MemoryStore>,
+    pub(super) blobs: Arc<MemoryBlobStore>,
+    pub(super) scene: Digest,
 }
 
-fn fixture() -> Fixture {
+pub(super) fn fixture() -> Fixture {
     let clock = Arc::new(ManualClock::at(1_000_000));
     let store = Arc::new(MemoryStore::default());
     let blobs = Arc::new(MemoryBlobStore::default());
@@ -30,7 +30,7 @@ fn fixture() -> Fixture {
     }
 }
 
-fn config() -> Config {
+pub(super) fn config() -> Config {
     Config {
         lease_ttl_ms: 1000,
         max_frames: 1000,
@@ -49,7 +49,7 @@ fn config() -> Config {
     }
 }
 
-fn sub(scene: Digest, frames: &str, chunk: u32) -> Submission {
+pub(super) fn sub(scene: Digest, frames: &str, chunk: u32) -> Submission {
     Submission {
         scene,
         scene_name: "s.blend".into(),
@@ -69,7 +69,7 @@ fn sub(scene: Digest, frames: &str, chunk: u32) -> Submission {
     }
 }
 
-fn worker(farm: &Farm, name: &str) -> WorkerId {
+pub(super) fn worker(farm: &Farm, name: &str) -> WorkerId {
     farm.register(Registration {
         name: name.into(),
         slots: 1,
@@ -79,7 +79,7 @@ fn worker(farm: &Farm, name: &str) -> WorkerId {
     .0
 }
 
-fn output(f: &Fixture, frame: u32) -> FrameOutput {
+pub(super) fn output(f: &Fixture, frame: u32) -> FrameOutput {
     let bytes = format!("png {frame}");
     let digest = Digest::of(bytes.as_bytes());
     f.blobs.put(digest, bytes.as_bytes()).unwrap();
@@ -294,7 +294,12 @@ fn equal_jobs_share_slots_even_when_every_slot_is_warm_on_one() {
     let mut held: Vec<(usize, Assignment)> = workers
         .iter()
         .enumerate()
-        .map(|(i, w)| (i, f.farm.try_lease_warm(w, &none, None, 0).unwrap().unwrap()))
+        .map(|(i, w)| {
+            (
+                i,
+                f.farm.try_lease_warm(w, &none, None, 0).unwrap().unwrap(),
+            )
+        })
         .collect();
     assert!(held.iter().all(|(_, l)| l.lease.job == a));
     let b = f.farm.submit(big(&f)).unwrap();
@@ -306,7 +311,11 @@ fn equal_jobs_share_slots_even_when_every_slot_is_warm_on_one() {
             let outs = l.frames.iter().map(|&fr| output(&f, fr)).collect();
             f.farm.complete(l.lease, outs).unwrap();
             let warm = Some(l.lease.job);
-            let got = f.farm.try_lease_warm(&workers[i], &none, warm, 0).unwrap().unwrap();
+            let got = f
+                .farm
+                .try_lease_warm(&workers[i], &none, warm, 0)
+                .unwrap()
+                .unwrap();
             next.push((i, got));
         }
         held = next;

@@ -121,7 +121,9 @@ pub(super) fn snapshot(
     waiting: Option<String>,
 ) -> JobSnapshot {
     let from = (page.task_from as usize).min(tasks.len());
-    let to = from.saturating_add(page.task_limit as usize).min(tasks.len());
+    let to = from
+        .saturating_add(page.task_limit as usize)
+        .min(tasks.len());
     let paged = &tasks[from..to];
     let mut counts = index.map(|i| i.counts).unwrap_or_default();
     if let Some(i) = index {

@@ -1,0 +1,213 @@
+//! Tests of the indexes and group commit: a failed write, commits shared by
+//! concurrent changes, expiry by the deadline heap, waking one parked lease
+//! call per ready task, archive and delete.
+
+use super::tests::{fixture, output, sub, worker};
+use super::*;
+
+fn lease_and_complete(f: &super::tests::Fixture, w: &WorkerId) -> Option<JobId> {
+    let a = f.farm.try_lease(w, &HashSet::new()).unwrap()?;
+    let outs = a.frames.iter().map(|&fr| output(f, fr)).collect();
+    f.farm.complete(a.lease, outs).unwrap();
+    Some(a.lease.job)
+}
+
+#[test]
+fn a_failed_write_fails_its_change_and_memory_again_matches_the_store() {
+    let f = fixture();
+    let job = f.farm.submit(sub(f.scene, "1-2", 1)).unwrap();
+    let w = worker(&f.farm, "a");
+    f.store.fail_next_writes(1);
+    let err = f.farm.try_lease(&w, &HashSet::new()).unwrap_err();
+    assert!(matches!(err, Error::Store(_)), "{err}");
+    let snap = f.farm.job(job).unwrap();
+    assert_eq!(
+        snap.counts.queued, 2,
+        "the lease was not stored, so it is not held"
+    );
+    assert_eq!(snap.job.state, JobState::Queued);
+    // And the farm goes on.
+    assert_eq!(lease_and_complete(&f, &w), Some(job));
+    assert_eq!(lease_and_complete(&f, &w), Some(job));
+    assert_eq!(f.farm.job(job).unwrap().job.state, JobState::Done);
+}
+
+#[test]
+fn concurrent_completions_share_flushes_and_all_are_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(crate::store::SledStore::open(&dir.path().join("db")).unwrap());
+    let blobs = Arc::new(crate::blob_store::MemoryBlobStore::default());
+    let bytes = b"BLENDER-v304 scene ... ENDB\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0";
+    let scene = Digest::of(bytes);
+    blobs.put(scene, bytes).unwrap();
+    let clock = Arc::new(crate::clock::ManualClock::at(1_000_000));
+    let farm = Arc::new(
+        Farm::open(
+            store.clone(),
+            blobs.clone(),
+            clock.clone(),
+            super::tests::config(),
+        )
+        .unwrap(),
+    );
+    let job = farm.submit(sub(scene, "1-320", 1)).unwrap();
+    let before = farm.stats();
+    let threads: Vec<_> = (0..16)
+        .map(|i| {
+            let farm = farm.clone();
+            let blobs = blobs.clone();
+            std::thread::spawn(move || {
+                let w = worker(&farm, &format!("w{i}"));
+                while let Some(a) = farm.try_lease(&w, &HashSet::new()).unwrap() {
+                    let bytes = format!("frame {}", a.frames[0]);
+                    let digest = Digest::of(bytes.as_bytes());
+                    blobs.put(digest, bytes.as_bytes()).unwrap();
+                    let out = FrameOutput {
+                        frame: a.frames[0],
+                        digest,
+                        ext: "png".into(),
+                        size: bytes.len() as u64,
+                        pass: String::new(),
+                    };
+                    farm.complete(a.lease, vec![out]).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let after = farm.stats();
+    let commits = after.commits - before.commits;
+    let changes = after.committed_changes - before.committed_changes;
+    assert!(
+        changes >= 640,
+        "every lease and completion was written: {changes}"
+    );
+    assert!(
+        commits < changes,
+        "concurrent changes share flushes: {changes} changes in {commits} commits"
+    );
+    drop(farm);
+    // Everything acknowledged is on disk.
+    let again = Farm::open(store, blobs, clock, super::tests::config()).unwrap();
+    let snap = again.job(job).unwrap();
+    assert_eq!(snap.counts.done, 320);
+    assert_eq!(snap.job.state, JobState::Done);
+}
+
+#[test]
+fn a_lease_expires_by_its_deadline_and_a_renewal_defers_it() {
+    let f = fixture();
+    let job = f.farm.submit(sub(f.scene, "1", 1)).unwrap();
+    let w = worker(&f.farm, "a");
+    let a = f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
+    // TTL is 1 s in the test config.
+    f.clock.advance(800);
+    assert!(f.farm.progress(a.lease, 0, (1, 4)).unwrap());
+    f.clock.advance(800);
+    assert_eq!(f.farm.expire_leases().unwrap(), 0, "renewed at 0.8 s");
+    assert_eq!(f.farm.job(job).unwrap().counts.leased, 1);
+    f.clock.advance(300);
+    assert_eq!(f.farm.expire_leases().unwrap(), 1);
+    let snap = f.farm.job(job).unwrap();
+    assert_eq!((snap.counts.leased, snap.counts.queued), (0, 1));
+    assert_eq!(
+        f.farm.expire_leases().unwrap(),
+        0,
+        "each lease expires once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ready_task_wakes_one_parked_lease_call_not_all() {
+    let f = Arc::new(fixture());
+    let workers: Vec<WorkerId> = (0..3).map(|i| worker(&f.farm, &format!("w{i}"))).collect();
+    let mut calls = Vec::new();
+    for w in workers {
+        let f = f.clone();
+        calls.push(tokio::spawn(async move {
+            f.farm
+                .lease(&w, &HashSet::new(), None, 0, Duration::from_secs(3))
+                .await
+                .unwrap()
+        }));
+    }
+    while f.farm.lock().waiters.len() < 3 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    f.farm.submit(sub(f.scene, "1", 1)).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        f.farm.lock().waiters.len(),
+        2,
+        "one call was woken for the one task; two still wait"
+    );
+    let mut got = 0;
+    for c in calls {
+        if c.await.unwrap().task.is_some() {
+            got += 1;
+        }
+    }
+    assert_eq!(got, 1);
+}
+
+#[test]
+fn an_archived_job_keeps_its_summary_and_frames_and_a_deleted_one_frees_them() {
+    let f = fixture();
+    let job = f.farm.submit(sub(f.scene, "1-3", 1)).unwrap();
+    let w = worker(&f.farm, "a");
+    while lease_and_complete(&f, &w).is_some() {}
+    let outputs = f.farm.job(job).unwrap().outputs;
+    assert_eq!(outputs.len(), 3);
+    let running = f.farm.submit(sub(f.scene, "1", 1)).unwrap();
+    assert!(matches!(f.farm.archive(running), Err(Error::Conflict(_))));
+    f.farm.archive(job).unwrap();
+    assert!(
+        f.farm.jobs().iter().all(|j| j.job.id != job),
+        "out of the live jobs"
+    );
+    let who = Identity::local();
+    let (live, _) = f.farm.job_list(&who, 0, 10, false);
+    assert!(live.iter().all(|j| j.job.id != job));
+    let (all, _) = f.farm.job_list(&who, 0, 10, true);
+    let listed = all
+        .iter()
+        .find(|j| j.job.id == job)
+        .expect("listed as archived");
+    assert!(listed.archived);
+    assert_eq!(listed.counts.frames_done, 3);
+    // Its frames stay fetchable, and are not collected.
+    let page = f.farm.job_page(job, Page::ALL).unwrap();
+    assert_eq!(page.outputs, outputs);
+    f.clock.advance(3_600_000);
+    f.farm.collect_garbage();
+    assert!(outputs.iter().all(|o| f.blobs.contains(&o.digest)));
+    // A restart keeps it archived.
+    let again = Farm::open(
+        f.store.clone(),
+        f.blobs.clone(),
+        f.clock.clone(),
+        f.farm.config().clone(),
+    )
+    .unwrap();
+    assert!(again.job_page(job, Page::SUMMARY).unwrap().archived);
+    again.collect_garbage();
+    assert!(outputs.iter().all(|o| f.blobs.contains(&o.digest)));
+    // Deleting it frees its frames after the grace period.
+    again.delete(job).unwrap();
+    assert!(matches!(
+        again.job_page(job, Page::SUMMARY),
+        Err(Error::NotFound(_))
+    ));
+    f.clock.advance(3_600_000);
+    again.collect_garbage();
+    assert!(outputs.iter().all(|o| !f.blobs.contains(&o.digest)));
+    assert!(
+        f.blobs.contains(&f.scene),
+        "the scene is still used by another job"
+    );
+    // Its id is never handed out again.
+    let next = again.submit(sub(f.scene, "1", 1)).unwrap();
+    assert!(next.0 > running.0);
+}
