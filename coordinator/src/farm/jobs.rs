@@ -147,8 +147,13 @@ impl Farm {
     /// job is indistinguishable from a missing one).
     pub fn check_owner(&self, id: JobId, who: &Identity) -> Result<(), Error> {
         let st = self.lock();
-        match st.jobs.get(&id) {
-            Some(job) if who.may_see(&job.owner) => Ok(()),
+        let owner = match (st.jobs.get(&id), st.archived.get(&id)) {
+            (Some(job), _) => Some(&job.owner),
+            (None, Some(a)) => Some(&a.job.owner),
+            _ => None,
+        };
+        match owner {
+            Some(owner) if who.may_see(owner) => Ok(()),
             _ => Err(Error::NotFound(format!("job {id}"))),
         }
     }
