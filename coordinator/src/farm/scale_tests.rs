@@ -211,3 +211,53 @@ fn an_archived_job_keeps_its_summary_and_frames_and_a_deleted_one_frees_them() {
     let next = again.submit(sub(f.scene, "1", 1)).unwrap();
     assert!(next.0 > running.0);
 }
+
+#[test]
+fn untouched_tasks_are_rebuilt_from_their_job_and_stored_ones_laid_over_them() {
+    let f = fixture();
+    let whole = f.farm.submit(sub(f.scene, "1-1000x3,2000", 4)).unwrap();
+    let mut tiled = sub(f.scene, "5-9", 1);
+    tiled.tiles = "3x2".into();
+    tiled.overscan = Some(7);
+    tiled.scene_info = Some(SceneInfo {
+        width: 97,
+        height: 61,
+        file_format: "PNG".into(),
+    });
+    let tiled = f.farm.submit(tiled).unwrap();
+    let w = worker(&f.farm, "a");
+    for _ in 0..3 {
+        lease_and_complete(&f, &w);
+    }
+    let held = f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
+    let before = (f.farm.job(whole).unwrap(), f.farm.job(tiled).unwrap());
+    let again = Farm::open(
+        f.store.clone(),
+        f.blobs.clone(),
+        f.clock.clone(),
+        f.farm.config().clone(),
+    )
+    .unwrap();
+    for b in [before.0, before.1] {
+        let a = again.job(b.job.id).unwrap();
+        let strip = |t: &[Task]| -> Vec<Task> {
+            t.iter()
+                .cloned()
+                .map(|mut t| {
+                    // A restart gives leases a fresh TTL.
+                    if let TaskState::Leased { expires_ms, .. } = &mut t.state {
+                        *expires_ms = 0;
+                    }
+                    t
+                })
+                .collect()
+        };
+        assert_eq!(strip(&a.tasks), strip(&b.tasks), "job {}", b.job.id);
+        assert_eq!(a.counts, b.counts);
+        assert_eq!(a.job, b.job);
+    }
+    assert!(
+        again.progress(held.lease, 0, (0, 0)).unwrap(),
+        "the lease is still held"
+    );
+}

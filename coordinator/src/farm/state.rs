@@ -132,7 +132,15 @@ impl State {
                 }
             }
             let id = job.id;
-            let list = tasks.remove(&id).unwrap_or_default();
+            let mut list = submit::initial_tasks(&job)?;
+            for t in tasks.remove(&id).unwrap_or_default() {
+                let i = t.index as usize;
+                if i < list.len() {
+                    list[i] = t;
+                } else {
+                    tracing::error!(job = %id, task = i, "a stored task lies outside its job; ignored");
+                }
+            }
             st.install(job, list, now);
             // Tiles of stitched frames that a crash kept from being collected.
             for t in st.tasks[&id].iter().filter(|t| t.tile.is_some()) {

@@ -94,26 +94,11 @@ impl Farm {
             st.next_job += 1;
             JobId(st.next_job - 1)
         };
-        let tasks: Vec<Task> = if rects.is_empty() {
-            frames
-                .chunks(chunk)
-                .into_iter()
-                .enumerate()
-                .map(|(i, f)| Task::new(id, i as u32, f))
-                .collect()
+        let started = std::time::Instant::now();
+        let task_count = if rects.is_empty() {
+            frames.len().div_ceil(chunk as usize)
         } else {
-            let mut tasks = Vec::with_capacity(frames.len() * rects.len());
-            for &frame in frames.frames() {
-                for (t, rect) in rects.iter().enumerate() {
-                    let tile = TileTask {
-                        index: t as u32,
-                        inner: *rect,
-                        rendered: tiles::with_overscan(*rect, overscan, width, height),
-                    };
-                    tasks.push(Task::new_tile(id, tasks.len() as u32, frame, tile));
-                }
-            }
-            tasks
+            frames.len() * rects.len()
         };
         let job = Job {
             id,
@@ -128,7 +113,7 @@ impl Farm {
             chunk: if rects.is_empty() { chunk } else { 1 },
             priority: sub.priority,
             max_attempts,
-            task_count: tasks.len() as u32,
+            task_count: task_count as u32,
             state: JobState::Queued,
             message: String::new(),
             created_ms: now,
@@ -144,14 +129,12 @@ impl Farm {
             file_set: sub.file_set,
             missing_files,
         };
-        // Tasks go first, in chunks and outside the lock: they count only
-        // once their job's record lands, which the group commit writes.
-        if let Err(e) = self.write_tasks(id, &tasks) {
-            if let Err(p) = self.store.purge_tasks(id) {
-                tracing::warn!(job = %id, "cannot purge the tasks of a failed submission: {p}");
-            }
-            return Err(e);
-        }
+        // A new task is what its job's record says it is: tasks are not
+        // written until they change (see `initial_tasks`), so a million
+        // frames cost one record.
+        let tasks = initial_tasks(&job)?;
+        debug_assert_eq!(tasks.len(), task_count);
+        let built = started.elapsed();
         let n = tasks.len();
         let ticket = {
             let mut st = self.lock();
@@ -162,24 +145,16 @@ impl Farm {
             st.install(job, tasks, now);
             ticket
         };
+        let installed = started.elapsed();
         ticket.wait()?;
-        tracing::info!(job = %id, tasks = n, "job submitted");
+        tracing::info!(
+            job = %id,
+            tasks = n,
+            build_ms = built.as_millis() as u64,
+            install_ms = (installed - built).as_millis() as u64,
+            "job submitted"
+        );
         Ok(id)
-    }
-
-    /// Writes the task records of new job `id`, a chunk per transaction,
-    /// noting that ids up to `id` are spent.
-    fn write_tasks(&self, id: JobId, tasks: &[Task]) -> Result<(), Error> {
-        const CHUNK: usize = 20_000;
-        for (i, chunk) in tasks.chunks(CHUNK).enumerate() {
-            let mut records: Vec<crate::store::Record<'_>> =
-                chunk.iter().map(crate::store::Record::Task).collect();
-            if i == 0 {
-                records.push(crate::store::Record::NextJob(id.0 + 1));
-            }
-            self.store.write(&records)?;
-        }
-        Ok(())
     }
 
     /// Checks a submitted file set: a valid message whose entries are all stored.
@@ -212,4 +187,35 @@ impl Farm {
         }
         Ok(info)
     }
+}
+
+/// The tasks of `job` as it was submitted, derived from its record alone:
+/// its frame set in chunks, or each frame's tiles in grid order. The store
+/// holds a task's record only once it changed; recovery lays stored records
+/// over these.
+pub(super) fn initial_tasks(job: &Job) -> Result<Vec<Task>, Error> {
+    let bad = |what: String| Error::Store(format!("job {} cannot be rebuilt: {what}", job.id));
+    let frames = FrameSet::parse(&job.frames, u64::MAX).map_err(|e| bad(e.to_string()))?;
+    if !job.is_tiled() {
+        return Ok(frames
+            .chunks(job.chunk.max(1))
+            .into_iter()
+            .enumerate()
+            .map(|(i, f)| Task::new(job.id, i as u32, f))
+            .collect());
+    }
+    let rects =
+        tiles::split(job.width, job.height, job.grid, u32::MAX).map_err(|e| bad(e.to_string()))?;
+    let mut tasks = Vec::with_capacity(frames.len() * rects.len());
+    for &frame in frames.frames() {
+        for (t, rect) in rects.iter().enumerate() {
+            let tile = TileTask {
+                index: t as u32,
+                inner: *rect,
+                rendered: tiles::with_overscan(*rect, job.overscan, job.width, job.height),
+            };
+            tasks.push(Task::new_tile(job.id, tasks.len() as u32, frame, tile));
+        }
+    }
+    Ok(tasks)
 }
