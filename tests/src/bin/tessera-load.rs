@@ -216,6 +216,8 @@ async fn run_cmd(a: RunArgs) -> Result<(), LoadError> {
     drop(started);
     if a.coord.json {
         println!("{}", report.to_json());
+        // The row on stderr too, so a script collecting the JSON shows progress.
+        eprintln!("{}", report.row());
     } else {
         println!("{}\n{}", Report::header(), report.row());
         if let Some(e) = &report.last_error {
@@ -245,6 +247,7 @@ async fn recover_cmd(a: RecoverArgs) -> Result<(), LoadError> {
     let r = recovery(&cfg, scene).await;
     if a.coord.json {
         println!("{}", r.to_json());
+        eprintln!("{}", r.lines());
     } else {
         println!("{}", r.lines());
     }
@@ -292,6 +295,26 @@ fn table_cmd(new: &Path, baseline: &Path) -> Result<(), LoadError> {
     Ok(())
 }
 
+/// Runs `work` until it ends or SIGTERM/SIGINT comes; then it is dropped,
+/// which kills the coordinator it started (`timeout` in the benchmark
+/// script sends SIGTERM to a run past its cap).
+async fn or_signal(
+    work: impl std::future::Future<Output = Result<(), LoadError>>,
+) -> Result<(), LoadError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return work.await;
+    };
+    tokio::select! {
+        r = work => r,
+        _ = term.recv() => Err(LoadError::Coordinator("stopped by SIGTERM".into())),
+        _ = int.recv() => Err(LoadError::Coordinator("stopped by SIGINT".into())),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -305,8 +328,8 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Run(a) => runtime.block_on(run_cmd(a)),
-        Command::Recover(a) => runtime.block_on(recover_cmd(a)),
+        Command::Run(a) => runtime.block_on(or_signal(run_cmd(a))),
+        Command::Recover(a) => runtime.block_on(or_signal(recover_cmd(a))),
         Command::Table { new, baseline } => table_cmd(&new, &baseline),
     };
     match result {

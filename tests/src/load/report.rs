@@ -194,14 +194,25 @@ fn number(v: f64, decimals: usize) -> String {
     format!("{v:.decimals$}")
 }
 
-/// A measure of a run as printed: its value, `timeout` where a run that
-/// did not finish has none, `-` where nothing was measured.
+/// A measure of a run as printed: its value; for a run that did not finish,
+/// `timeout` (or `error`) in the first column; `-` where nothing was measured.
 fn cell_text(r: &Report, c: &Column) -> String {
+    let first = std::ptr::eq(c, &COLUMNS[0]);
     match (c.get)(r) {
         Some(v) => number(v, c.decimals),
-        None if !r.ok() && r.outcome.starts_with("timeout") => "timeout".into(),
-        None if !r.ok() => "error".into(),
+        None if first => failed(&r.outcome).unwrap_or("-").into(),
         None => "-".into(),
+    }
+}
+
+/// `timeout` or `error` for an outcome that says so.
+fn failed(outcome: &str) -> Option<&'static str> {
+    if outcome.starts_with("timeout") {
+        Some("timeout")
+    } else if outcome.starts_with("error") {
+        Some("error")
+    } else {
+        None
     }
 }
 
@@ -209,7 +220,7 @@ fn cell_text(r: &Report, c: &Column) -> String {
 fn ratio(new: &Report, base: &Report, c: &Column) -> String {
     match ((c.get)(new), (c.get)(base)) {
         (Some(n), Some(b)) if b != 0.0 => format!("{:.2}", n / b),
-        (Some(n), Some(_)) if n == 0.0 => "1.00".into(),
+        (Some(0.0), Some(_)) => "1.00".into(),
         _ => "-".into(),
     }
 }
@@ -330,9 +341,7 @@ pub fn compare_recovery(new: &Recovery, baseline: &Recovery) -> String {
     );
     let text = |r: &Recovery, v: Option<f64>, d: usize| match v {
         Some(v) => number(v, d),
-        None if r.outcome.starts_with("timeout") => "timeout".into(),
-        None if r.outcome != "ok" => "error".into(),
-        None => "-".into(),
+        None => failed(&r.outcome).unwrap_or("-").into(),
     };
     for (name, get, d) in rows {
         let (n, b) = (get(new), get(baseline));
@@ -347,7 +356,7 @@ pub fn compare_recovery(new: &Recovery, baseline: &Recovery) -> String {
         ));
     }
     for r in [new, baseline] {
-        if r.outcome != "ok" {
+        if failed(&r.outcome).is_some() {
             out.push_str(&format!("{}: {}\n", r.design, r.outcome));
         }
     }
@@ -399,6 +408,7 @@ mod tests {
         assert!(lines[3].contains("5.00"), "{table}");
         assert!(lines[4].starts_with("W=100 N=1M"), "{table}");
         assert!(lines[5].contains("timeout"), "{table}");
+        assert_eq!(lines[5].matches("timeout").count(), 2, "{table}");
         assert!(
             lines[6].split_whitespace().skip(1).all(|c| c == "-"),
             "{table}"
