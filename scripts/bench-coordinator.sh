@@ -89,7 +89,7 @@ measure() { # DESIGN CAP JSONL FALLBACK_FIELDS ARGS...
   local tmp="$OUT/tmp" line rc=0
   mkdir -p "$tmp"
   line="$(TMPDIR="$tmp" timeout -k 10 "$cap" "$load" "$@" --design "$design" --scene "$scene" \
-    "${coord_args[@]}" --json 2>>"$OUT/$design.log")" || rc=$?
+    "${coord_args[@]}" --json 2> >(tee -a "$OUT/$design.log" >&2))" || rc=$?
   rm -rf "$tmp"
   if [ -z "$line" ]; then
     local why="error: tessera-load exited with $rc; see $OUT/$design.log"

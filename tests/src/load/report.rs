@@ -179,6 +179,12 @@ const COLUMNS: &[Column] = &[
         decimals: 2,
         get: |r| r.submit_s,
     },
+    Column {
+        name: "load CPU %",
+        width: 12,
+        decimals: 0,
+        get: |r| r.load_cpu_pct,
+    },
 ];
 
 /// `12k`, `1M`: task counts as the sweep names them.
