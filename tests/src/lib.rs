@@ -3,8 +3,14 @@
 //!
 //! Every process is started on loopback with port 0 or a port it reports, in
 //! temporary directories, and killed when its handle drops.
+//!
+//! * [`fake_coordinator`]: a fake coordinator for tests of the worker's side.
+//! * [`load`]: the load generator behind `tessera-load` and
+//!   `scripts/bench-coordinator.sh`: fake workers and clients driving a
+//!   real coordinator over gRPC.
 
 pub mod fake_coordinator;
+pub mod load;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The coordinator under load: today's design (BASELINE) and this tree, run
+# the same way, side by side with ratios.
+#
+# For each design and each cell of the sweep (W fake workers x N queued
+# tasks) `tessera-load run` starts a fresh coordinator, submits one N-task
+# job, registers W workers of SLOTS slots (each worker its own HTTP/2
+# connection) that lease, send Progress every second of a RENDER_MS fake
+# render, upload a small result and complete, while a client polls
+# `ListJobs` + `GetJob` and `/metrics` is scraped every 5 s. After WARMUP
+# seconds the window opens for WINDOW seconds (both end early when 10% / 90%
+# of the tasks are done). Then `tessera-load recover` times a restart after
+# kill -9 with RECOVERY_TASKS tasks on disk, up to the first lease served.
+#
+# Usage: scripts/bench-coordinator.sh
+# Environment (defaults in brackets):
+#   BASELINE=REV      the design to compare with [4f84794, before the scale work]
+#   QUICK=1           W in {10,100} x N in {10k}, recovery with 10k tasks
+#   WORKERS="..."     [10 100 1000]          TASKS="..."  [10000 100000 1000000]
+#   SLOTS=S [8]       RENDER_MS=MS [1200]    WARMUP=S [5] WINDOW=S [15]
+#   RECOVERY_TASKS=N [1000000; 0 skips it]
+#   SUBMIT_TIMEOUT=S [120] SETUP_TIMEOUT=S [120] RECOVERY_TIMEOUT=S [120]:
+#                     a step past its limit prints "timeout" in the table
+#   COORD_ARGS="..."  extra `tessera coordinator` arguments for both designs
+#   PROFILE=release|dev [release]; OUT=DIR [target/bench-coordinator/DATE]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+ensure_rust
+ensure_blender
+
+BASELINE="${BASELINE:-4f84794}"
+PROFILE="${PROFILE:-release}"
+if [ "${QUICK:-0}" = 1 ]; then
+  WORKERS="${WORKERS:-10 100}"; TASKS="${TASKS:-10000}"; RECOVERY_TASKS="${RECOVERY_TASKS:-10000}"
+else
+  WORKERS="${WORKERS:-10 100 1000}"; TASKS="${TASKS:-10000 100000 1000000}"; RECOVERY_TASKS="${RECOVERY_TASKS:-1000000}"
+fi
+SLOTS="${SLOTS:-8}"; RENDER_MS="${RENDER_MS:-1200}"; WARMUP="${WARMUP:-5}"; WINDOW="${WINDOW:-15}"
+SUBMIT_TIMEOUT="${SUBMIT_TIMEOUT:-120}"; SETUP_TIMEOUT="${SETUP_TIMEOUT:-120}"; RECOVERY_TIMEOUT="${RECOVERY_TIMEOUT:-120}"
+OUT="${OUT:-target/bench-coordinator/$(date +%Y%m%d-%H%M%S)}"
+case "$PROFILE" in
+  release) dir=release ;;
+  dev) dir=debug ;;
+  *) echo "error: PROFILE=$PROFILE; use release or dev" >&2; exit 1 ;;
+esac
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+
+rev="$(git rev-parse --verify -q "$BASELINE^{commit}")" || {
+  echo "error: BASELINE=$BASELINE is not a commit of this repository; give a commit, tag or branch" >&2
+  exit 1
+}
+short="${rev:0:12}"
+
+echo "== building this tree ($PROFILE)" >&2
+cargo build -q --profile "$PROFILE" -p tessera-cli --bin tessera -p tessera-tests --bin tessera-load
+new_bin="$PWD/target/$dir/tessera"
+load="$PWD/target/$dir/tessera-load"
+
+# The baseline: the revision's files (git archive, so no worktree is
+# registered) built into a target directory of its own, kept between runs.
+base_root="$PWD/target/bench-baseline/$short"
+if [ ! -f "$base_root/src/Cargo.toml" ]; then
+  rm -rf "$base_root/src"; mkdir -p "$base_root/src"
+  git archive "$rev" | tar -x -C "$base_root/src"
+fi
+if [ "$PROFILE" = release ] && [ ! -d "$base_root/target/release" ] && [ -d target/release/deps ]; then
+  # Seeded with this tree's release dependencies: only the workspace crates rebuild.
+  mkdir -p "$base_root/target"
+  cp -r target/release "$base_root/target/release"
+  rm -rf "$base_root/target/release/incremental"
+fi
+echo "== building the baseline $BASELINE ($short, $PROFILE)" >&2
+(cd "$base_root/src" && cargo build -q --profile "$PROFILE" -p tessera-cli --bin tessera --target-dir "$base_root/target")
+base_bin="$base_root/target/$dir/tessera"
+
+scene="$OUT/scene.blend"
+blender -b --factory-startup --python-exit-code 2 --python blender/make_scene.py -- \
+  --out "$scene" --kind still --frames 1 >/dev/null 2>&1 || { echo "error: make_scene.py failed" >&2; exit 1; }
+
+coord_args=()
+for a in ${COORD_ARGS:-}; do coord_args+=("--coordinator-arg=$a"); done
+
+# Runs one tessera-load command with a hard cap; appends its JSON line, or
+# one saying why there is none.
+measure() { # DESIGN CAP JSONL FALLBACK_FIELDS ARGS...
+  local design="$1" cap="$2" jsonl="$3" fields="$4"; shift 4
+  local tmp="$OUT/tmp" line rc=0
+  mkdir -p "$tmp"
+  line="$(TMPDIR="$tmp" timeout -k 10 "$cap" "$load" "$@" --design "$design" --scene "$scene" \
+    "${coord_args[@]}" --json 2> >(tee -a "$OUT/$design.log" >&2))" || rc=$?
+  rm -rf "$tmp"
+  if [ -z "$line" ]; then
+    local why="error: tessera-load exited with $rc; see $OUT/$design.log"
+    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then why="timeout: the run passed its cap of $cap s"; fi
+    line="{\"design\":\"$design\",$fields,\"outcome\":\"$why\"}"
+    echo "$design: $why" >&2
+  fi
+  echo "$line" >>"$jsonl"
+}
+
+: >"$OUT/new.jsonl"; : >"$OUT/baseline.jsonl"
+cap=$(( SUBMIT_TIMEOUT + SETUP_TIMEOUT + ${WARMUP%.*} + ${WINDOW%.*} + 60 ))
+echo "== sweep: W in {$WORKERS} x N in {$TASKS}, $SLOTS slots, ${RENDER_MS} ms renders, ${WARMUP} s warm-up, ${WINDOW} s window" >&2
+for n in $TASKS; do
+  for w in $WORKERS; do
+    # The two designs back to back, so a busy moment of the machine falls on both.
+    for design in new baseline; do
+      bin="$new_bin"; [ "$design" = baseline ] && bin="$base_bin"
+      measure "$design" "$cap" "$OUT/$design.jsonl" "\"workers\":$w,\"slots\":$SLOTS,\"tasks\":$n" \
+        run --tessera "$bin" -w "$w" -s "$SLOTS" -n "$n" --render-ms "$RENDER_MS" \
+        --warmup "$WARMUP" --window "$WINDOW" --submit-timeout "$SUBMIT_TIMEOUT" --setup-timeout "$SETUP_TIMEOUT"
+    done
+  done
+done
+
+if [ "$RECOVERY_TASKS" -gt 0 ]; then
+  echo "== recovery: kill -9 with $RECOVERY_TASKS tasks on disk, restart to first lease" >&2
+  rcap=$(( SUBMIT_TIMEOUT + RECOVERY_TIMEOUT + 120 ))
+  for design in new baseline; do
+    bin="$new_bin"; [ "$design" = baseline ] && bin="$base_bin"
+    measure "$design" "$rcap" "$OUT/$design.jsonl" "\"tasks\":$RECOVERY_TASKS,\"first_lease_s\":null" \
+      recover --tessera "$bin" -n "$RECOVERY_TASKS" --submit-timeout "$SUBMIT_TIMEOUT" --recovery-timeout "$RECOVERY_TIMEOUT"
+  done
+fi
+
+{
+  echo "coordinator load benchmark: new = this tree ($(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ", uncommitted changes")), baseline = $BASELINE ($short)"
+  echo "$PROFILE build, $(nproc) cores, $SLOTS slots per worker, ${RENDER_MS} ms renders, window ${WINDOW} s after ${WARMUP} s warm-up; latencies in ms"
+  echo "lease: Lease calls that returned a task (long-poll waits that ended empty are left out); status: GetJob with the first 1,000 tasks"
+  echo
+  "$load" table --new "$OUT/new.jsonl" --baseline "$OUT/baseline.jsonl"
+} | tee "$OUT/table.txt"
+echo "JSON lines and logs: $OUT" >&2

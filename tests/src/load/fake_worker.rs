@@ -1,0 +1,377 @@
+//! Fake workers: real `Work` and `Blobs` calls, no Blender. Each
+//! [`FakeWorker`] has its own HTTP/2 connection; each of its slots loops:
+//! Lease (long-poll), "render" for a fixed time while sending Progress every
+//! second, upload a small result unique to the lease, Complete.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tessera_proto as pb;
+use tokio::task::JoinSet;
+use tonic::Code;
+
+use super::stats::Timings;
+use super::{blobs, connect, work, Conn, LoadError};
+
+/// How the fake workers behave.
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    /// Workers, each with its own connection and token share.
+    pub workers: u32,
+    /// Slots per worker: tasks each works on at once.
+    pub slots: u32,
+    /// The fake render time of a task.
+    pub render: Duration,
+    /// Between Progress calls while rendering.
+    pub progress_every: Duration,
+    /// How long a Lease may wait for a task (`wait_ms`).
+    pub lease_wait: Duration,
+    /// The scene the workers claim to hold in their caches.
+    pub scene: String,
+    /// Size of each result blob in bytes.
+    pub result_bytes: usize,
+}
+
+/// A Complete the coordinator acknowledged.
+#[derive(Debug, Clone)]
+pub struct Acked {
+    /// The job.
+    pub job: u64,
+    /// The task's index in its job.
+    pub task: u32,
+    /// The lease the task was completed under.
+    pub lease: String,
+    /// When the acknowledgement arrived.
+    pub at: Instant,
+}
+
+/// What the fleet did, shared by every slot.
+#[derive(Debug, Default)]
+pub struct Recorder {
+    /// Lease calls that returned a task (long-poll waits that ended empty
+    /// are only counted, in `empty_leases`).
+    pub lease: Timings,
+    /// Lease calls that ended without a task (the wait ran out).
+    pub empty_leases: AtomicU64,
+    /// Acknowledged Complete calls.
+    pub complete: Timings,
+    /// Progress calls.
+    pub progress: Timings,
+    /// Result uploads.
+    pub put_blob: Timings,
+    /// Leases the workers were told they had lost (Progress said stop, or
+    /// Complete was refused as lost).
+    pub lost: AtomicU64,
+    /// Calls that failed for any other reason.
+    pub errors: AtomicU64,
+    /// Complete calls sent and not yet answered.
+    pub completes_in_flight: AtomicU64,
+    acked: Mutex<Vec<Acked>>,
+    acked_count: AtomicU64,
+    last_error: Mutex<Option<String>>,
+}
+
+impl Recorder {
+    /// Acknowledged completions so far.
+    pub fn acked_count(&self) -> u64 {
+        self.acked_count.load(Ordering::Relaxed)
+    }
+
+    /// Every acknowledged completion so far.
+    pub fn acked(&self) -> Vec<Acked> {
+        self.acked.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Acknowledged completions that arrived within `[from, to]`.
+    pub fn acked_between(&self, from: Instant, to: Instant) -> usize {
+        self.acked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|a| a.at >= from && a.at <= to)
+            .count()
+    }
+
+    /// The last error a call met, if any.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn ack(&self, a: Acked) {
+        self.acked.lock().unwrap_or_else(|e| e.into_inner()).push(a);
+        self.acked_count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn error(&self, what: &str, s: &tonic::Status) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(format!("{what}: {} ({:?})", s.message(), s.code()));
+    }
+}
+
+/// One registered fake worker.
+#[derive(Clone)]
+pub struct FakeWorker {
+    /// Its id, as the coordinator gave it.
+    pub id: String,
+    work: pb::work_client::WorkClient<Conn>,
+    blobs: pb::blobs_client::BlobsClient<Conn>,
+}
+
+impl FakeWorker {
+    /// Connects (a connection of its own) and registers a worker named `name`
+    /// with `slots` CPU slots that holds `scene` in its cache.
+    pub async fn register(
+        url: &str,
+        token: &str,
+        name: &str,
+        slots: u32,
+        scene: &str,
+    ) -> Result<Self, LoadError> {
+        let conn = connect(url, token)?;
+        let mut work = work(conn.clone());
+        let info = pb::WorkerInfo {
+            name: name.to_string(),
+            slots,
+            device: "cpu".into(),
+            blender_version: "Blender 3.4.1 (tessera-load fake)".into(),
+            cpu_cores: slots,
+            cached_scenes: vec![scene.to_string()],
+            slot_info: (0..slots)
+                .map(|slot| pb::SlotInfo {
+                    slot,
+                    device: "cpu".into(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let id = work
+            .register(info)
+            .await
+            .map_err(|s| LoadError::rpc(format!("registering worker {name}"), s))?
+            .into_inner()
+            .worker_id;
+        Ok(Self {
+            id,
+            work,
+            blobs: blobs(conn),
+        })
+    }
+
+    /// One Lease call for `slot`, waiting up to `wait`; whether it returned
+    /// a task (which is then left to expire).
+    pub async fn lease_once(&self, slot: u32, scene: &str, wait: Duration) -> bool {
+        let req = pb::LeaseRequest {
+            worker_id: self.id.clone(),
+            slot,
+            cached_scenes: vec![scene.to_string()],
+            wait_ms: wait.as_millis().min(u128::from(u32::MAX)) as u32,
+            warm_job: None,
+        };
+        match self.work.clone().lease(req).await {
+            Ok(r) => r.into_inner().task.is_some(),
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                false
+            }
+        }
+    }
+
+    /// Runs slot `slot` until the task running it is aborted.
+    pub async fn run_slot(self, slot: u32, cfg: Arc<FleetConfig>, rec: Arc<Recorder>) {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let req = pb::LeaseRequest {
+                worker_id: self.id.clone(),
+                slot,
+                cached_scenes: vec![cfg.scene.clone()],
+                wait_ms: cfg.lease_wait.as_millis().min(u128::from(u32::MAX)) as u32,
+                warm_job: None,
+            };
+            let start = Instant::now();
+            match self.work.clone().lease(req).await {
+                Ok(r) => {
+                    backoff = Duration::from_millis(50);
+                    match r.into_inner().task {
+                        Some(task) => {
+                            rec.lease.record(start);
+                            self.render(task, &cfg, &rec).await;
+                        }
+                        None => {
+                            rec.empty_leases.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                Err(s) => {
+                    rec.error("lease", &s);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+
+    /// Works on one leased task: progress while "rendering", then a result.
+    async fn render(&self, task: pb::TaskAssignment, cfg: &FleetConfig, rec: &Recorder) {
+        let mut work = self.work.clone();
+        let done_at = tokio::time::Instant::now() + cfg.render;
+        let mut next = tokio::time::Instant::now() + cfg.progress_every;
+        while next < done_at {
+            tokio::time::sleep_until(next).await;
+            next += cfg.progress_every;
+            let start = Instant::now();
+            let req = pb::ProgressRequest {
+                lease_id: task.lease_id.clone(),
+                frames_done: 0,
+                samples_done: 1,
+                samples_total: 2,
+            };
+            match work.progress(req).await {
+                Ok(r) if r.get_ref().keep_going => rec.progress.record(start),
+                Ok(_) => {
+                    rec.lost.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                Err(s) => rec.error("progress", &s),
+            }
+        }
+        tokio::time::sleep_until(done_at).await;
+        let mut outputs = Vec::new();
+        for &frame in &task.frames {
+            match self.upload_result(&task, frame, cfg, rec).await {
+                Ok(o) => outputs.push(o),
+                Err(s) => return rec.error("put blob", &s),
+            }
+        }
+        let start = Instant::now();
+        rec.completes_in_flight.fetch_add(1, Ordering::Relaxed);
+        let answer = work
+            .complete(pb::CompleteRequest {
+                lease_id: task.lease_id.clone(),
+                outputs,
+            })
+            .await;
+        rec.completes_in_flight.fetch_sub(1, Ordering::Relaxed);
+        match answer {
+            Ok(_) => {
+                rec.complete.record(start);
+                rec.ack(Acked {
+                    job: task.job_id,
+                    task: task.task_index,
+                    lease: task.lease_id,
+                    at: Instant::now(),
+                });
+            }
+            Err(s) if s.code() == Code::FailedPrecondition => {
+                rec.lost.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(s) => rec.error("complete", &s),
+        }
+    }
+
+    /// Uploads a small "frame" whose bytes name the lease, so every result
+    /// is a blob of its own.
+    async fn upload_result(
+        &self,
+        task: &pb::TaskAssignment,
+        frame: u32,
+        cfg: &FleetConfig,
+        rec: &Recorder,
+    ) -> Result<pb::FrameOutput, tonic::Status> {
+        let mut bytes = format!(
+            "tessera-load result: lease {} frame {frame}\n",
+            task.lease_id
+        )
+        .into_bytes();
+        bytes.resize(cfg.result_bytes.max(bytes.len()), b'.');
+        let digest = blake3::hash(&bytes).to_hex().to_string();
+        let size = bytes.len() as u64;
+        let chunk = pb::BlobChunk {
+            digest: digest.clone(),
+            size,
+            data: bytes,
+        };
+        let start = Instant::now();
+        self.blobs
+            .clone()
+            .put_blob(tokio_stream::iter([chunk]))
+            .await?;
+        rec.put_blob.record(start);
+        Ok(pb::FrameOutput {
+            frame,
+            digest,
+            ext: "png".into(),
+            size,
+            pass: String::new(),
+        })
+    }
+}
+
+/// Fake workers at work: every slot is a task on the runtime.
+pub struct Fleet {
+    slots: JoinSet<()>,
+    /// What they did.
+    pub recorder: Arc<Recorder>,
+    /// How long registering every worker took.
+    pub registered_in: Duration,
+}
+
+impl Fleet {
+    /// Registers `cfg.workers` workers (spread over `tokens`, all at once)
+    /// within `limit`, then starts every slot.
+    pub async fn start(
+        url: &str,
+        tokens: &[String],
+        cfg: FleetConfig,
+        limit: Duration,
+    ) -> Result<Self, LoadError> {
+        if tokens.is_empty() {
+            return Err(LoadError::Coordinator(
+                "no worker token to register with".into(),
+            ));
+        }
+        let start = Instant::now();
+        let mut registering = JoinSet::new();
+        for i in 0..cfg.workers {
+            let (url, scene) = (url.to_string(), cfg.scene.clone());
+            let token = tokens[i as usize % tokens.len()].clone();
+            let slots = cfg.slots;
+            registering.spawn(async move {
+                FakeWorker::register(&url, &token, &format!("fake-{i}"), slots, &scene).await
+            });
+        }
+        let workers = super::within("registering the fake workers", limit, async {
+            let mut workers = Vec::new();
+            while let Some(r) = registering.join_next().await {
+                workers.push(r.map_err(|e| LoadError::Coordinator(e.to_string()))??);
+            }
+            Ok(workers)
+        })
+        .await?;
+        let registered_in = start.elapsed();
+        let cfg = Arc::new(cfg);
+        let recorder = Arc::new(Recorder::default());
+        let mut slots = JoinSet::new();
+        for w in workers {
+            for slot in 0..cfg.slots {
+                slots.spawn(w.clone().run_slot(slot, cfg.clone(), recorder.clone()));
+            }
+        }
+        Ok(Self {
+            slots,
+            recorder,
+            registered_in,
+        })
+    }
+
+    /// Stops every slot where it is: calls in flight are dropped unanswered.
+    pub async fn stop(mut self) -> Arc<Recorder> {
+        self.slots.shutdown().await;
+        self.recorder
+    }
+}
