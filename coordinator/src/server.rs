@@ -129,7 +129,17 @@ impl Coordinator {
         });
         let addr = listener.local_addr().ok();
         tracing::info!(?addr, "coordinator listening");
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // Small replies (a lease, an ack) must not wait for Nagle's
+        // algorithm and the peer's delayed ACK (about 40 ms).
+        let incoming = tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            |s| {
+                s.and_then(|s| {
+                    s.set_nodelay(true)?;
+                    Ok(s)
+                })
+            },
+        );
         let guard = |roles: &'static [Role]| {
             let farm = self.farm.clone();
             move |req: tonic::Request<()>| crate::grpc::authorize(&farm, req, roles)
