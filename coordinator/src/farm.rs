@@ -44,7 +44,7 @@ use crate::worker::{WorkerId, WorkerRecord};
 
 use scheduler::{capable, pick, Asker};
 use state::State;
-use txn::{Owned, Ticket};
+use txn::Owned;
 
 mod access;
 mod gc;
@@ -63,7 +63,9 @@ mod users;
 mod views;
 mod workers;
 
+pub use results::PendingResult;
 pub use stats::{Stats, DURATION_BUCKETS};
+pub use txn::Ticket;
 pub use views::{FrameTiles, JobSnapshot, Page, TaskCounts};
 
 /// Limits and timings of a coordinator.

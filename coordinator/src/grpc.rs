@@ -476,7 +476,17 @@ impl pb::work_server::Work for WorkService {
         let lease = lease(&req.lease_id)?;
         self.farm.check_complete(&who, lease, &outputs)?;
         // Completing the last tile of a frame stitches it: disk and CPU work.
-        blocking(&self.farm, move |f| f.complete(lease, outputs)).await?;
+        // In memory under the lock, then wait for the store without holding
+        // a thread; only a stitch (disk and CPU work) goes to one.
+        let pending = self.farm.complete_begin(lease, outputs)?;
+        pending.ticket.stored().await?;
+        if let Some((job, frame)) = pending.stitch {
+            blocking(&self.farm, move |f| {
+                f.stitch_ready(job, frame);
+                Ok(())
+            })
+            .await?;
+        }
         Ok(Response::new(pb::Ack {}))
     }
 

@@ -3,9 +3,45 @@
 
 use super::*;
 
+/// A result recorded in memory and on its way to the store.
+#[must_use = "a result counts once its ticket says it is stored"]
+pub struct PendingResult {
+    /// Whether it was recorded or a duplicate.
+    pub completion: Completion,
+    /// Wait for it before acknowledging the result.
+    pub ticket: Ticket,
+    /// A tiled frame whose last tile this was: stitch it once stored.
+    pub stitch: Option<(JobId, u32)>,
+}
+
 impl Farm {
     /// Records a task's result. Every output blob must already be stored.
     pub fn complete(&self, lease: LeaseId, outputs: Vec<FrameOutput>) -> Result<Completion, Error> {
+        let pending = self.complete_begin(lease, outputs)?;
+        pending.ticket.wait()?;
+        if let Some((job, frame)) = pending.stitch {
+            self.stitch_ready(job, frame);
+        }
+        Ok(pending.completion)
+    }
+
+    /// Stitches a frame whose last tile was just stored. The result is
+    /// recorded already; a stitch that fails now is retried from the stitch
+    /// queue, so the worker is not told its result failed.
+    pub fn stitch_ready(&self, job: JobId, frame: u32) {
+        if let Err(e) = self.stitch_frame(job, frame) {
+            tracing::warn!(%job, frame, "stitch deferred: {e}");
+        }
+    }
+
+    /// Records a task's result in memory and queues it for the store, under
+    /// the lock and without waiting: the caller waits for the ticket (on a
+    /// thread, or in async code without blocking), then stitches.
+    pub fn complete_begin(
+        &self,
+        lease: LeaseId,
+        outputs: Vec<FrameOutput>,
+    ) -> Result<PendingResult, Error> {
         for o in &outputs {
             check_output(o)?;
         }
@@ -41,7 +77,11 @@ impl Farm {
             }
             if completion == Completion::Duplicate {
                 tracing::info!(lease = %lease, "duplicate result ignored");
-                return Ok(completion);
+                return Ok(PendingResult {
+                    completion,
+                    ticket: Ticket::none(),
+                    stitch: None,
+                });
             }
             tracing::debug!(lease = %lease, "task done");
             let frame = task.frames[0];
@@ -57,15 +97,11 @@ impl Farm {
                 ticket,
             )
         };
-        ticket.wait()?;
-        if let Some(frame) = ready {
-            // The result is recorded; a stitch that fails now is retried from
-            // the stitch queue, so the worker is not told its result failed.
-            if let Err(e) = self.stitch_frame(lease.job, frame) {
-                tracing::warn!(job = %lease.job, frame, "stitch deferred: {e}");
-            }
-        }
-        Ok(Completion::Recorded)
+        Ok(PendingResult {
+            completion: Completion::Recorded,
+            ticket,
+            stitch: ready.map(|frame| (lease.job, frame)),
+        })
     }
 
     /// Records a failed attempt; the task is retried elsewhere or, out of
