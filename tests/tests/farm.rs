@@ -97,16 +97,14 @@ fn two_workers_render_every_frame_exactly_and_scenes_upload_once() {
 
     // Archived: out of the live list, still listed with --archived, its
     // frames still fetchable; deleted: gone.
-    let first = jobs[0]["id"].as_u64().unwrap().to_string();
+    let first_id = jobs[0]["id"].as_u64().unwrap();
+    let first = first_id.to_string();
     let archived = cli(&coord.url, &["archive", &first]);
     assert!(archived.status.success(), "{archived:?}");
     let live: serde_json::Value =
         serde_json::from_str(&cli_ok(&coord.url, &["jobs", "--json"])).unwrap();
     assert!(
-        live.as_array()
-            .unwrap()
-            .iter()
-            .all(|j| j["id"].to_string() != first),
+        live.as_array().unwrap().iter().all(|j| j["id"] != first_id),
         "{live:#}"
     );
     let all: serde_json::Value =
@@ -115,7 +113,7 @@ fn two_workers_render_every_frame_exactly_and_scenes_upload_once() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|j| j["id"].to_string() == first)
+        .find(|j| j["id"] == first_id)
         .expect("listed with --archived");
     assert_eq!(entry["archived"], true);
     assert_eq!(entry["frames_done"], 8);
