@@ -105,7 +105,7 @@ pub async fn run(cli: Cli) -> Result<()> {
                 println!(
                     "{}",
                     serde_json::to_string_pretty(
-                        &jobs.iter().map(show::job_json).collect::<Vec<_>>()
+                        &jobs.iter().map(tessera_proto::json::job).collect::<Vec<_>>()
                     )?
                 );
             } else {
@@ -117,7 +117,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             let mut c = Client::new(&url)?;
             let j = c.job(job).await?;
             if json.json {
-                println!("{}", serde_json::to_string_pretty(&show::job_json(&j))?);
+                println!("{}", serde_json::to_string_pretty(&tessera_proto::json::job(&j))?);
             } else {
                 show::job(&j);
             }
@@ -143,7 +143,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             if client::frame_count(&j) < j.frames_total as usize {
                 eprintln!(
                     "job {job} is {}: {} of {} frames so far",
-                    show::job_json(&j)["state"],
+                    tessera_proto::json::job(&j)["state"],
                     client::frame_count(&j),
                     j.frames_total
                 );
@@ -214,7 +214,7 @@ pub async fn run(cli: Cli) -> Result<()> {
                 println!(
                     "{}",
                     serde_json::to_string_pretty(
-                        &workers.iter().map(show::worker_json).collect::<Vec<_>>()
+                        &workers.iter().map(tessera_proto::json::worker).collect::<Vec<_>>()
                     )?
                 );
             } else {
