@@ -311,19 +311,21 @@ async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     };
     if let Some(h) = &http {
         let h = h.local_addr()?;
-        if !h.ip().is_loopback() && !args.allow_plaintext {
+        // With --tls-cert the HTTP port serves HTTPS; without, the same rule
+        // as gRPC: plain text only on loopback.
+        if !h.ip().is_loopback() && args.tls_cert.is_none() && !args.allow_plaintext {
             bail!(
-                "--http {h} is reachable from other machines and serves plain HTTP, so metrics tokens would travel unencrypted; bind it to loopback (put a TLS proxy in front) or pass --allow-plaintext"
+                "--http {h} is reachable from other machines and would serve plain HTTP, so tokens would travel unencrypted; give --tls-cert and --tls-key (the port then serves HTTPS), bind it to loopback, or pass --allow-plaintext on a trusted network"
             );
         }
     }
     // Scripts and tests read these lines to learn the ports when they end in :0.
     println!("tessera coordinator listening on {addr}");
     if let Some(h) = &http {
-        println!(
-            "tessera coordinator metrics on http://{}/metrics",
-            h.local_addr()?
-        );
+        let scheme = if args.tls_cert.is_some() { "https" } else { "http" };
+        let h = h.local_addr()?;
+        println!("tessera coordinator metrics on {scheme}://{h}/metrics");
+        eprintln!("dashboard: {scheme}://{h}/ (sign in with a token; JSON API under /api/v1/)");
     }
     coord.serve(listener, http, shutdown_signal()).await?;
     Ok(())

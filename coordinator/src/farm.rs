@@ -34,6 +34,7 @@ use crate::worker::{WorkerId, WorkerRecord};
 use scheduler::{capable, pick, Asker};
 
 mod access;
+pub mod dry_run;
 mod jobs;
 mod leases;
 mod scheduler;
