@@ -105,7 +105,10 @@ pub async fn run(cli: Cli) -> Result<()> {
                 println!(
                     "{}",
                     serde_json::to_string_pretty(
-                        &jobs.iter().map(tessera_proto::json::job).collect::<Vec<_>>()
+                        &jobs
+                            .iter()
+                            .map(tessera_proto::json::job)
+                            .collect::<Vec<_>>()
                     )?
                 );
             } else {
@@ -117,7 +120,10 @@ pub async fn run(cli: Cli) -> Result<()> {
             let mut c = Client::new(&url)?;
             let j = c.job(job).await?;
             if json.json {
-                println!("{}", serde_json::to_string_pretty(&tessera_proto::json::job(&j))?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&tessera_proto::json::job(&j))?
+                );
             } else {
                 show::job(&j);
             }
@@ -214,7 +220,10 @@ pub async fn run(cli: Cli) -> Result<()> {
                 println!(
                     "{}",
                     serde_json::to_string_pretty(
-                        &workers.iter().map(tessera_proto::json::worker).collect::<Vec<_>>()
+                        &workers
+                            .iter()
+                            .map(tessera_proto::json::worker)
+                            .collect::<Vec<_>>()
                     )?
                 );
             } else {
@@ -322,7 +331,11 @@ async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     // Scripts and tests read these lines to learn the ports when they end in :0.
     println!("tessera coordinator listening on {addr}");
     if let Some(h) = &http {
-        let scheme = if args.tls_cert.is_some() { "https" } else { "http" };
+        let scheme = if args.tls_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         let h = h.local_addr()?;
         println!("tessera coordinator metrics on {scheme}://{h}/metrics");
         eprintln!("dashboard: {scheme}://{h}/ (sign in with a token; JSON API under /api/v1/)");

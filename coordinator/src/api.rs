@@ -164,18 +164,16 @@ impl From<Error> for ApiError {
                 StatusCode::NOT_FOUND,
                 "check the id; you see only your own jobs and blobs",
             ),
-            Error::Conflict(_) | Error::LeaseLost(_) => (
-                StatusCode::CONFLICT,
-                "reload the job to see its state now",
-            ),
+            Error::Conflict(_) | Error::LeaseLost(_) => {
+                (StatusCode::CONFLICT, "reload the job to see its state now")
+            }
             Error::Unauthenticated(_) => (
                 StatusCode::UNAUTHORIZED,
                 "send `Authorization: Bearer <token>`; `tessera users add` makes a token",
             ),
-            Error::PermissionDenied(_) => (
-                StatusCode::FORBIDDEN,
-                "use a token with the right role",
-            ),
+            Error::PermissionDenied(_) => {
+                (StatusCode::FORBIDDEN, "use a token with the right role")
+            }
             Error::Store(_) | Error::Io { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "free space on the coordinator's --data volume or make it writable, then try again",

@@ -137,7 +137,10 @@ pub async fn file_set(
         .find(|f| f.path == set.scene)
         .ok_or_else(|| {
             ApiError::bad(
-                format!("the file set's scene `{}` is not among its files", set.scene),
+                format!(
+                    "the file set's scene `{}` is not among its files",
+                    set.scene
+                ),
                 "list the scene itself in files, with its digest and size",
             )
         })?;

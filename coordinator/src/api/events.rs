@@ -166,7 +166,11 @@ fn render(
     for id in jobs {
         if let Ok(snap) = api.farm.job_page(*id, Page::SUMMARY) {
             if who.may_see(&snap.job.owner) {
-                out.push(Event::default().event("job").data(job_json(&snap).to_string()));
+                out.push(
+                    Event::default()
+                        .event("job")
+                        .data(job_json(&snap).to_string()),
+                );
             }
         }
     }

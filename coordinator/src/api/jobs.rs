@@ -243,3 +243,15 @@ pub async fn frame(
     )
         .into_response())
 }
+
+/// The page `GET /api/v1/jobs/{id}` shows without query parameters.
+#[cfg(test)]
+pub(super) fn page_for_tests() -> Page {
+    Page {
+        task_from: 0,
+        task_limit: DEFAULT_TASK_LIMIT,
+        output_from: 0,
+        output_limit: DEFAULT_OUTPUT_LIMIT,
+    }
+    .capped()
+}

@@ -33,28 +33,54 @@ fn query(name: &str, what: &str) -> Value {
 /// the success status and its schema. None for a route not described (the
 /// unit tests refuse that).
 pub fn describe(method: &Method, path: &str) -> Option<Value> {
-    let job_actions = |verb: &str| {
-        json!({"summary": format!("{verb} the job; answers the job"), "ok": ["200", "Job"]})
-    };
+    let job_actions = |verb: &str| json!({"summary": format!("{verb} the job; answers the job"), "ok": ["200", "Job"]});
     let d = match (method.as_str(), path) {
-        ("GET", "/api/v1/whoami") => json!({"summary": "who the token belongs to", "ok": ["200", "WhoAmI"]}),
-        ("POST", "/api/v1/session") => json!({"summary": "dashboard sign-in: keeps the token in an HttpOnly cookie", "body": "SignIn", "ok": ["200", "WhoAmI"], "public": true}),
-        ("POST", "/api/v1/session/end") => json!({"summary": "dashboard sign-out", "ok": ["200", "Empty"]}),
-        ("GET", "/api/v1/jobs") => json!({"summary": "a page of job summaries the caller may see, oldest first", "query": [["limit", "most jobs (default 100, at most 1000)"], ["after", "only jobs with a greater id (the last page's next_after)"]], "ok": ["200", "JobList"]}),
-        ("POST", "/api/v1/jobs") => json!({"summary": "submit a job (its scene and file set uploaded first)", "body": "JobSpec", "ok": ["201", "JobCreated"]}),
-        ("POST", "/api/v1/jobs/check") => json!({"summary": "check a job as submit would, except that its blobs exist; creates nothing", "body": "JobSpec", "ok": ["200", "JobCheck"]}),
-        ("GET", "/api/v1/jobs/{id}") => json!({"summary": "one job: state, progress, tasks, outputs, failures with Blender's log tail, why it waits", "query": [["task_from", "first task"], ["task_limit", "most tasks (default 1000, at most 10000)"], ["output_from", "first output"], ["output_limit", "most outputs (default 10000, at most 10000)"]], "ok": ["200", "Job"]}),
+        ("GET", "/api/v1/whoami") => {
+            json!({"summary": "who the token belongs to", "ok": ["200", "WhoAmI"]})
+        }
+        ("POST", "/api/v1/session") => {
+            json!({"summary": "dashboard sign-in: keeps the token in an HttpOnly cookie", "body": "SignIn", "ok": ["200", "WhoAmI"], "public": true})
+        }
+        ("POST", "/api/v1/session/end") => {
+            json!({"summary": "dashboard sign-out", "ok": ["200", "Empty"]})
+        }
+        ("GET", "/api/v1/jobs") => {
+            json!({"summary": "a page of job summaries the caller may see, oldest first", "query": [["limit", "most jobs (default 100, at most 1000)"], ["after", "only jobs with a greater id (the last page's next_after)"]], "ok": ["200", "JobList"]})
+        }
+        ("POST", "/api/v1/jobs") => {
+            json!({"summary": "submit a job (its scene and file set uploaded first)", "body": "JobSpec", "ok": ["201", "JobCreated"]})
+        }
+        ("POST", "/api/v1/jobs/check") => {
+            json!({"summary": "check a job as submit would, except that its blobs exist; creates nothing", "body": "JobSpec", "ok": ["200", "JobCheck"]})
+        }
+        ("GET", "/api/v1/jobs/{id}") => {
+            json!({"summary": "one job: state, progress, tasks, outputs, failures with Blender's log tail, why it waits", "query": [["task_from", "first task"], ["task_limit", "most tasks (default 1000, at most 10000)"], ["output_from", "first output"], ["output_limit", "most outputs (default 10000, at most 10000)"]], "ok": ["200", "Job"]})
+        }
         ("POST", "/api/v1/jobs/{id}/cancel") => job_actions("cancel"),
         ("POST", "/api/v1/jobs/{id}/pause") => job_actions("pause"),
         ("POST", "/api/v1/jobs/{id}/resume") => job_actions("resume"),
         ("POST", "/api/v1/jobs/{id}/retry") => job_actions("retry the failed tasks of"),
-        ("GET", "/api/v1/jobs/{id}/frames/{frame}") => json!({"summary": "a rendered frame (image/png or image/x-exr), or with ?thumb=N a PNG thumbnail at most N pixels on a side (EXR tone-mapped)", "query": [["thumb", "thumbnail size in pixels (1-1024)"]], "ok": ["200", "Image"]}),
-        ("GET", "/api/v1/workers") => json!({"summary": "every worker: slots, GPUs with telemetry, health and drain reason", "ok": ["200", "WorkerList"]}),
-        ("GET", "/api/v1/events") => json!({"summary": "Server-Sent Events: `hello`, then `job` (a job summary) and `worker` (a worker) as they change", "ok": ["200", "EventStream"]}),
-        ("POST", "/api/v1/blobs/missing") => json!({"summary": "which of these blobs the caller must upload", "body": "Digests", "ok": ["200", "Missing"]}),
-        ("PUT", "/api/v1/blobs/{digest}") => json!({"summary": "upload a blob: the raw bytes with Content-Length; re-hashed, idempotent, size-limited", "body": "Bytes", "ok": ["200", "BlobStored"]}),
-        ("POST", "/api/v1/filesets") => json!({"summary": "store a file set (as `tessera submit` builds it) given as JSON; answers its digest", "body": "FileSet", "ok": ["200", "FileSetStored"]}),
-        ("GET", "/api/v1/openapi.json") => json!({"summary": "this document", "ok": ["200", "Any"], "public": true}),
+        ("GET", "/api/v1/jobs/{id}/frames/{frame}") => {
+            json!({"summary": "a rendered frame (image/png or image/x-exr), or with ?thumb=N a PNG thumbnail at most N pixels on a side (EXR tone-mapped)", "query": [["thumb", "thumbnail size in pixels (1-1024)"]], "ok": ["200", "Image"]})
+        }
+        ("GET", "/api/v1/workers") => {
+            json!({"summary": "every worker: slots, GPUs with telemetry, health and drain reason", "ok": ["200", "WorkerList"]})
+        }
+        ("GET", "/api/v1/events") => {
+            json!({"summary": "Server-Sent Events: `hello`, then `job` (a job summary) and `worker` (a worker) as they change", "ok": ["200", "EventStream"]})
+        }
+        ("POST", "/api/v1/blobs/missing") => {
+            json!({"summary": "which of these blobs the caller must upload", "body": "Digests", "ok": ["200", "Missing"]})
+        }
+        ("PUT", "/api/v1/blobs/{digest}") => {
+            json!({"summary": "upload a blob: the raw bytes with Content-Length; re-hashed, idempotent, size-limited", "body": "Bytes", "ok": ["200", "BlobStored"]})
+        }
+        ("POST", "/api/v1/filesets") => {
+            json!({"summary": "store a file set (as `tessera submit` builds it) given as JSON; answers its digest", "body": "FileSet", "ok": ["200", "FileSetStored"]})
+        }
+        ("GET", "/api/v1/openapi.json") => {
+            json!({"summary": "this document", "ok": ["200", "Any"], "public": true})
+        }
         _ => return None,
     };
     Some(d)

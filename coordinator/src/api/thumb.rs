@@ -1,7 +1,7 @@
 //! Frame thumbnails for the dashboard and the add-on: a PNG or OpenEXR frame
 //! scaled down (box filter) to a small 8-bit PNG. EXR frames hold linear
-//! light, often above 1.0: they are tone-mapped (an extended Reinhard curve,
-//! then the sRGB transfer curve) so that a thumbnail is never black or
+//! light, often above 1.0: they are tone-mapped (the Reinhard curve, then
+//! the sRGB transfer curve) so that a thumbnail is never black or
 //! clipped white.
 
 use std::io::Cursor;
@@ -187,12 +187,11 @@ fn shrink(image: &Pixels, side: u32) -> Pixels {
     }
 }
 
-/// Linear light to display: an extended Reinhard curve (white at 4.0), then sRGB.
+/// Linear light to display: the Reinhard curve `x / (1 + x)`, which keeps
+/// dim light visible and brings any highlight below white, then sRGB.
 fn tone_map(v: f32) -> f32 {
     let v = v.max(0.0);
-    let white2 = 16.0;
-    let mapped = v * (1.0 + v / white2) / (1.0 + v);
-    srgb(mapped)
+    srgb(v / (1.0 + v))
 }
 
 fn srgb(v: f32) -> f32 {
@@ -246,7 +245,9 @@ mod tests {
     }
 
     fn decoded(png_bytes: &[u8]) -> (u32, u32, Vec<u8>) {
-        let mut r = png::Decoder::new(Cursor::new(png_bytes)).read_info().unwrap();
+        let mut r = png::Decoder::new(Cursor::new(png_bytes))
+            .read_info()
+            .unwrap();
         let mut buf = vec![0; r.output_buffer_size().unwrap()];
         let info = r.next_frame(&mut buf).unwrap();
         assert_eq!(info.color_type, png::ColorType::Rgba);
@@ -268,7 +269,8 @@ mod tests {
     #[test]
     fn a_small_frame_is_not_enlarged() {
         let frame = png_of(3, 2, png::ColorType::Grayscale, &[0, 128, 255, 0, 128, 255]);
-        let (tw, th, data) = decoded(&thumbnail(&frame, "png", 256, PixelLimit::default()).unwrap());
+        let (tw, th, data) =
+            decoded(&thumbnail(&frame, "png", 256, PixelLimit::default()).unwrap());
         assert_eq!((tw, th), (3, 2));
         assert_eq!(&data[4..8], &[128, 128, 128, 255]);
     }
@@ -293,7 +295,10 @@ mod tests {
         let dim = data[0];
         let bright = data[(tw as usize - 1) * 4];
         assert!(dim > 40, "dim light must stay visible, got {dim}");
-        assert!(bright > dim && bright < 255, "bright light must not clip: {bright}");
+        assert!(
+            bright > dim && bright < 255,
+            "bright light must not clip: {bright}"
+        );
     }
 
     #[test]

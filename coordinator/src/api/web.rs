@@ -87,7 +87,9 @@ struct SignIn {
 
 fn session_cookie(api: &Api, value: &str, max_age: u64) -> String {
     let secure = if api.tls { "; Secure" } else { "" };
-    format!("{SESSION_COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}")
+    format!(
+        "{SESSION_COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}"
+    )
 }
 
 /// `POST /api/v1/session` `{"token": ...}`: checks the token and keeps it in
@@ -136,7 +138,12 @@ pub async fn sign_in(
 
 /// `POST /api/v1/session/end`: signs out (clears the cookie).
 pub async fn sign_out(State(api): State<Api>, _caller: Caller) -> Response {
-    let mut r = (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], "{}").into_response();
+    let mut r = (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        "{}",
+    )
+        .into_response();
     if let Ok(v) = session_cookie(&api, "", 0).parse() {
         r.headers_mut().insert(header::SET_COOKIE, v);
     }
