@@ -4,7 +4,9 @@
 //! Every process is started on loopback with port 0 or a port it reports, in
 //! temporary directories, and killed when its handle drops.
 
+pub mod browser;
 pub mod fake_coordinator;
+pub mod http;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
