@@ -180,10 +180,13 @@ impl From<Error> for ApiError {
             ),
         };
         let error = e.to_string();
-        // Domain messages end with what to do after their last `; `.
-        let hint = error
-            .rsplit_once("; ")
-            .map_or(fallback.to_string(), |(_, h)| h.to_string());
+        // Domain messages end with what to do after their last `; `; the
+        // token's own advice is for the CLI, so HTTP callers get theirs.
+        let hint = match &e {
+            Error::Unauthenticated(_) => None,
+            _ => error.rsplit_once("; ").map(|(_, h)| h.to_string()),
+        }
+        .unwrap_or_else(|| fallback.to_string());
         Self::new(status, error, hint)
     }
 }

@@ -162,7 +162,8 @@ impl Browser {
     /// Waits until `js` is true in the page; false on timeout.
     pub fn wait_for(&mut self, js: &str, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
-        let guarded = format!("(() => {{ try {{ return !!({js}); }} catch (e) {{ return false; }} }})()");
+        let guarded =
+            format!("(() => {{ try {{ return !!({js}); }} catch (e) {{ return false; }} }})()");
         while Instant::now() < deadline {
             if self.eval(&guarded) == json!(true) {
                 return true;

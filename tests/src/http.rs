@@ -176,7 +176,13 @@ pub struct Events {
 impl Events {
     /// Opens `GET url` as an event stream (panics unless it answers 200).
     pub fn open(url: &str, token: &str) -> Self {
-        let s = send_head(url, "GET", Some(token), &[("Accept", "text/event-stream")], None);
+        let s = send_head(
+            url,
+            "GET",
+            Some(token),
+            &[("Accept", "text/event-stream")],
+            None,
+        );
         let mut reader = BufReader::new(s);
         let (status, headers) = read_head(&mut reader);
         assert_eq!(status, 200, "the event stream answered {status}");

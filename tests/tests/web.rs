@@ -29,8 +29,16 @@ struct Farm {
 const TESTS: usize = 2;
 
 fn user(coord: &Coordinator, admin: &str, name: &str) -> String {
-    let out = cli_as(&coord.url, Some(admin), &["users", "add", name, "--role", "user"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = cli_as(
+        &coord.url,
+        Some(admin),
+        &["users", "add", name, "--role", "user"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
@@ -126,10 +134,7 @@ fn png_size_and_brightness(png_bytes: &[u8]) -> (u32, u32, f64) {
     let mut buf = vec![0; r.output_buffer_size().unwrap()];
     let info = r.next_frame(&mut buf).unwrap();
     buf.truncate(info.buffer_size());
-    let colour: Vec<u8> = buf
-        .chunks(4)
-        .flat_map(|p| p[..3].to_vec())
-        .collect();
+    let colour: Vec<u8> = buf.chunks(4).flat_map(|p| p[..3].to_vec()).collect();
     let mean = colour.iter().map(|&b| f64::from(b)).sum::<f64>() / colour.len().max(1) as f64;
     (info.width, info.height, mean)
 }
@@ -145,7 +150,11 @@ fn the_api_submits_follows_events_to_the_end_and_serves_frames_and_thumbnails() 
         let anim = scene(&["--kind", "anim", "--frames", "2"]);
         let d = upload(farm, &farm.alice, &anim);
         // Uploaded once: not missing any more, and a second upload is a no-op.
-        let again = post(&format!("{api}/blobs/missing"), &farm.alice, &json!({"digests": [d]}));
+        let again = post(
+            &format!("{api}/blobs/missing"),
+            &farm.alice,
+            &json!({"digests": [d]}),
+        );
         assert_eq!(again.json()["missing"], json!([]));
 
         let spec = json!({"scene_digest": d, "scene_name": "anim.blend", "frames": "1-2"});
@@ -162,7 +171,10 @@ fn the_api_submits_follows_events_to_the_end_and_serves_frames_and_thumbnails() 
         // Follow the job over SSE from before it exists to its end.
         let mut events = Events::open(&format!("{api}/events"), &farm.alice);
         let (hello, body) = events.next(Duration::from_secs(10)).expect("a hello event");
-        assert_eq!((hello.as_str(), body["user"].as_str()), ("hello", Some("alice")));
+        assert_eq!(
+            (hello.as_str(), body["user"].as_str()),
+            ("hello", Some("alice"))
+        );
         let id = submit(farm, &farm.alice, spec);
         let deadline = Instant::now() + LONG;
         let mut states = Vec::new();
@@ -186,24 +198,44 @@ fn the_api_submits_follows_events_to_the_end_and_serves_frames_and_thumbnails() 
                 break;
             }
         }
-        assert_eq!(states.last().map(String::as_str), Some("done"), "{states:?}");
+        assert_eq!(
+            states.last().map(String::as_str),
+            Some("done"),
+            "{states:?}"
+        );
         assert_eq!(last_done, 2);
 
-        // The job as JSON: the same object as `tessera status --json`.
+        // The job as JSON: the same object as `tessera status --json` (which
+        // asks for the first 1000 tasks and no outputs).
         let job = get(&format!("{api}/jobs/{id}"), &farm.alice).json();
+        let same_page = get(&format!("{api}/jobs/{id}?output_limit=0"), &farm.alice).json();
         let status = {
-            let out = cli_as(&farm.coord.url, Some(&farm.alice), &["status", &id.to_string(), "--json"]);
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let out = cli_as(
+                &farm.coord.url,
+                Some(&farm.alice),
+                &["status", &id.to_string(), "--json"],
+            );
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             serde_json::from_slice::<Value>(&out.stdout).unwrap()
         };
-        assert_eq!(job, status);
+        assert_eq!(same_page, status);
         assert_eq!(job["outputs_total"], 2);
+        assert_eq!(job["outputs"].as_array().unwrap().len(), 2);
 
         // A frame, byte for byte the blob the job names, and a thumbnail.
         let frame = get(&format!("{api}/jobs/{id}/frames/2"), &farm.alice);
         assert_eq!(frame.status, 200);
         assert_eq!(frame.header("content-type"), Some("image/png"));
-        let out2 = job["outputs"].as_array().unwrap().iter().find(|o| o["frame"] == 2).unwrap();
+        let out2 = job["outputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["frame"] == 2)
+            .unwrap();
         assert_eq!(json!(digest(&frame.body)), out2["digest"]);
         let (w, h, _) = png_size_and_brightness(&frame.body);
         assert_eq!((w, h), (64, 48));
@@ -216,7 +248,11 @@ fn the_api_submits_follows_events_to_the_end_and_serves_frames_and_thumbnails() 
         // An EXR frame's thumbnail is tone-mapped, not black.
         let exr = scene(&["--kind", "still", "--format", "EXR"]);
         let d = upload(farm, &farm.alice, &exr);
-        let id = submit(farm, &farm.alice, json!({"scene_digest": d, "scene_name": "still.blend", "frames": "1"}));
+        let id = submit(
+            farm,
+            &farm.alice,
+            json!({"scene_digest": d, "scene_name": "still.blend", "frames": "1"}),
+        );
         let job = wait_done(farm, id);
         assert_eq!(job["outputs"][0]["ext"], "exr", "{job}");
         let raw = get(&format!("{api}/jobs/{id}/frames/1"), &farm.alice);
@@ -231,22 +267,53 @@ fn the_api_submits_follows_events_to_the_end_and_serves_frames_and_thumbnails() 
         assert_eq!(r.status, 401);
         assert!(r.json()["hint"].as_str().unwrap().contains("Bearer"));
         for path in [format!("jobs/{id}"), format!("jobs/{id}/frames/1")] {
-            assert_eq!(get(&format!("{api}/{path}"), &farm.bob).status, 404, "{path}");
+            assert_eq!(
+                get(&format!("{api}/{path}"), &farm.bob).status,
+                404,
+                "{path}"
+            );
         }
         let r = post(&format!("{api}/jobs/{id}/cancel"), &farm.bob, &json!({}));
         assert_eq!(r.status, 404);
-        let r = request("PUT", &format!("{api}/blobs/not-a-digest"), Some(&farm.alice), &[], b"x");
+        let r = request(
+            "PUT",
+            &format!("{api}/blobs/not-a-digest"),
+            Some(&farm.alice),
+            &[],
+            b"x",
+        );
         assert_eq!(r.status, 400);
         assert!(r.json()["error"].as_str().unwrap().contains("digest"));
         let wrong = digest(b"something else");
-        let r = request("PUT", &format!("{api}/blobs/{wrong}"), Some(&farm.alice), &[], b"these bytes");
+        let r = request(
+            "PUT",
+            &format!("{api}/blobs/{wrong}"),
+            Some(&farm.alice),
+            &[],
+            b"these bytes",
+        );
         assert_eq!(r.status, 400, "{}", r.json());
         let huge = (9u64 << 20).to_string();
-        let r = request("PUT", &format!("{api}/blobs/{wrong}"), Some(&farm.alice), &[("Content-Length", &huge)], &[]);
+        let r = request(
+            "PUT",
+            &format!("{api}/blobs/{wrong}"),
+            Some(&farm.alice),
+            &[("Content-Length", &huge)],
+            &[],
+        );
         assert_eq!(r.status, 413, "{}", r.json());
-        assert!(r.json()["hint"].as_str().unwrap().contains("--max-upload-mib"));
+        assert!(r.json()["hint"]
+            .as_str()
+            .unwrap()
+            .contains("--max-upload-mib"));
         let big_json = format!("{{\"digests\": [\"{}\"]}}", "a".repeat(5 << 20));
-        let r = request("POST", &format!("{api}/blobs/missing"), Some(&farm.alice), &[], big_json.as_bytes());
+        let r = request(
+            "POST",
+            &format!("{api}/blobs/missing"),
+            Some(&farm.alice),
+            &[],
+            big_json.as_bytes(),
+        );
         assert_eq!(r.status, 413);
     });
 }
@@ -289,14 +356,28 @@ fn the_dashboard_signs_in_shows_a_job_finish_live_and_cancels_another() {
     with_farm(|farm| {
         let scene = scene(&["--kind", "anim", "--frames", "2"]);
         let d = upload(farm, &farm.alice, &scene);
+        // Bob's job, which Alice must not see.
+        let bobs = upload(farm, &farm.bob, &scene);
+        let bob_job = submit(
+            farm,
+            &farm.bob,
+            json!({"scene_digest": bobs, "frames": "1", "device": "optix"}),
+        );
         // A job that cannot run (no OptiX worker): it waits to be cancelled.
-        let stuck = submit(farm, &farm.alice, json!({"scene_digest": d, "scene_name": "stuck.blend", "frames": "1-50", "device": "optix"}));
+        let stuck = submit(
+            farm,
+            &farm.alice,
+            json!({"scene_digest": d, "scene_name": "stuck.blend", "frames": "1-50", "device": "optix"}),
+        );
         let shots = screenshots(farm.dir.path());
         let mut b = Browser::start(&binary, farm.dir.path(), 1280, 900);
 
         // Sign in with Alice's token.
         b.goto(&format!("{}/jobs/{stuck}", farm.base));
-        assert!(b.wait_for("document.querySelector('#login')", Duration::from_secs(20)), "no sign-in form");
+        assert!(
+            b.wait_for("document.querySelector('#login')", Duration::from_secs(20)),
+            "no sign-in form"
+        );
         b.eval(&format!(
             "document.getElementById('token').value = {}; document.getElementById('login').requestSubmit(); true",
             json!(farm.alice)
@@ -307,26 +388,57 @@ fn the_dashboard_signs_in_shows_a_job_finish_live_and_cancels_another() {
             b.eval("document.body.innerText")
         );
         // The session cookie is out of the page's reach.
-        assert_eq!(b.eval("document.cookie.includes('tessera_session')"), json!(false));
+        assert_eq!(
+            b.eval("document.cookie.includes('tessera_session')"),
+            json!(false)
+        );
 
         // Submit a tiled job now: the open page must show it arrive and end
         // without a reload.
-        let id = submit(farm, &farm.alice, json!({
-            "scene_digest": d, "scene_name": "tiled.blend", "frames": "1-2", "tiles": "2x2",
-            "scene_info": {"width": 64, "height": 48, "file_format": "PNG"},
-        }));
+        let id = submit(
+            farm,
+            &farm.alice,
+            json!({
+                "scene_digest": d, "scene_name": "tiled.blend", "frames": "1-2", "tiles": "2x2",
+                "scene_info": {"width": 64, "height": 48, "file_format": "PNG"},
+            }),
+        );
         b.eval("window.__marker = 'same page'; true");
         let row = format!("document.querySelector('tr[data-job=\"{id}\"]')");
-        assert!(b.wait_for(&row, Duration::from_secs(20)), "job {id} never appeared");
+        assert!(
+            b.wait_for(&row, Duration::from_secs(20)),
+            "job {id} never appeared"
+        );
         assert!(
             b.wait_for(&format!("{row}.dataset.state === 'done'"), LONG),
             "job {id} never showed done: {}",
             b.eval(&format!("{row} && {row}.innerText"))
         );
-        assert_eq!(b.eval("window.__marker"), json!("same page"), "the page reloaded");
-        assert_eq!(b.eval(&format!("{row}.querySelector('.count').textContent")), json!("2/2"));
-        // Another user's job is not listed.
-        assert_eq!(b.eval("document.querySelectorAll('tr[data-job]').length"), json!(2));
+        assert_eq!(
+            b.eval("window.__marker"),
+            json!("same page"),
+            "the page reloaded"
+        );
+        assert_eq!(
+            b.eval(&format!("{row}.querySelector('.count').textContent")),
+            json!("2/2")
+        );
+        // Alice's jobs, and not Bob's.
+        let hers = get(&format!("{}/api/v1/jobs", farm.base), &farm.alice).json()["jobs"]
+            .as_array()
+            .unwrap()
+            .len();
+        assert!(hers >= 2);
+        assert_eq!(
+            b.eval("document.querySelectorAll('tr[data-job]').length"),
+            json!(hers)
+        );
+        assert_eq!(
+            b.eval(&format!(
+                "!!document.querySelector('tr[data-job=\"{bob_job}\"]')"
+            )),
+            json!(false)
+        );
         b.screenshot(&shots.join("jobs.png"));
 
         // The job page: frames done, the last frame large, thumbnails loaded.
@@ -340,34 +452,73 @@ fn the_dashboard_signs_in_shows_a_job_finish_live_and_cancels_another() {
             b.wait_for("[...document.querySelectorAll('img.thumb')].filter(i => i.complete && i.naturalWidth > 0).length === 2 && document.getElementById('last-frame').naturalWidth === 64", Duration::from_secs(20)),
             "thumbnails did not load"
         );
-        assert_eq!(b.eval("document.querySelectorAll('#tiles .cell.done').length"), json!(4));
+        assert_eq!(
+            b.eval("document.querySelectorAll('#tiles .cell.done').length"),
+            json!(4)
+        );
         // A finished job offers no pause or cancel.
-        assert_eq!(b.eval("document.querySelectorAll('button[data-action]').length"), json!(0));
+        assert_eq!(
+            b.eval("document.querySelectorAll('button[data-action]').length"),
+            json!(0)
+        );
         b.screenshot(&shots.join("job.png"));
 
         // Cancel the waiting job with its button, and see it cancelled.
         b.goto(&format!("{}/jobs/{stuck}", farm.base));
-        assert!(b.wait_for("document.querySelector('button[data-action=cancel]')", Duration::from_secs(20)));
-        assert!(b.eval("document.body.innerText").as_str().unwrap().contains("waiting: no available worker"));
+        assert!(b.wait_for(
+            "document.querySelector('button[data-action=cancel]')",
+            Duration::from_secs(20)
+        ));
+        assert!(b
+            .eval("document.body.innerText")
+            .as_str()
+            .unwrap()
+            .contains("waiting: no available worker"));
         b.eval("document.querySelector('button[data-action=cancel]').click(); true");
         assert!(
-            b.wait_for("document.getElementById('job-state').textContent === 'canceled'", Duration::from_secs(20)),
+            b.wait_for(
+                "document.getElementById('job-state').textContent === 'canceled'",
+                Duration::from_secs(20)
+            ),
             "{}",
             b.eval("document.body.innerText")
         );
-        assert_eq!(get(&format!("{}/api/v1/jobs/{stuck}", farm.base), &farm.alice).json()["state"], "canceled");
-        assert!(b.wait_for("document.querySelector('button[data-action=retry]')", Duration::from_secs(5)));
+        assert_eq!(
+            get(&format!("{}/api/v1/jobs/{stuck}", farm.base), &farm.alice).json()["state"],
+            "canceled"
+        );
+        assert!(b.wait_for(
+            "document.querySelector('button[data-action=retry]')",
+            Duration::from_secs(5)
+        ));
 
         // Workers: the one worker, online, with its slot.
         b.goto(&format!("{}/workers", farm.base));
-        assert!(b.wait_for("document.querySelector('[data-worker] .state.online')", Duration::from_secs(20)), "{}", b.eval("document.body.innerText"));
-        assert!(b.eval("document.querySelector('[data-worker]').innerText").as_str().unwrap().contains("w1"));
+        assert!(
+            b.wait_for(
+                "document.querySelector('[data-worker] .state.online')",
+                Duration::from_secs(20)
+            ),
+            "{}",
+            b.eval("document.body.innerText")
+        );
+        assert!(b
+            .eval("document.querySelector('[data-worker]').innerText")
+            .as_str()
+            .unwrap()
+            .contains("w1"));
         b.screenshot(&shots.join("workers.png"));
 
         // At a phone's width nothing spills sideways.
         b.viewport(390, 800);
         b.goto(&format!("{}/", farm.base));
-        assert!(b.wait_for("document.querySelector('tr[data-job]')", Duration::from_secs(20)));
-        assert_eq!(b.eval("document.documentElement.scrollWidth <= window.innerWidth"), json!(true));
+        assert!(b.wait_for(
+            "document.querySelector('tr[data-job]')",
+            Duration::from_secs(20)
+        ));
+        assert_eq!(
+            b.eval("document.documentElement.scrollWidth <= window.innerWidth"),
+            json!(true)
+        );
     });
 }
