@@ -3,7 +3,7 @@
 //! headless Chromium. The tests of this file share one farm, started once.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -25,9 +25,6 @@ struct Farm {
     bob: String,
 }
 
-/// How many tests share the farm: the last to finish stops it.
-const TESTS: usize = 2;
-
 fn user(coord: &Coordinator, admin: &str, name: &str) -> String {
     let out = cli_as(
         &coord.url,
@@ -42,54 +39,54 @@ fn user(coord: &Coordinator, admin: &str, name: &str) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
-/// Runs `f` with the shared farm, starting it for the first test.
+/// Runs `f` with the shared farm, starting it for the first test. The farm
+/// lives as long as the test process; a watchdog stops its processes and
+/// removes its folder when the process ends, whichever tests ran.
 fn with_farm(f: impl FnOnce(&Farm)) {
-    static SHARED: Mutex<(Option<Arc<Farm>>, usize)> = Mutex::new((None, 0));
-    let farm = {
-        let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
-        shared
-            .0
-            .get_or_insert_with(|| {
-                let dir = scratch();
-                let coord = Coordinator::start(
-                    &dir.path().join("data"),
-                    "127.0.0.1:0",
-                    &["--http", "127.0.0.1:0", "--max-upload-mib", "8"],
-                );
-                let base = coord
-                    .metrics
-                    .clone()
-                    .unwrap()
-                    .trim_end_matches("/metrics")
-                    .to_string();
-                let admin = coord.admin_token();
-                let alice = user(&coord, &admin, "alice");
-                let bob = user(&coord, &admin, "bob");
-                let worker = worker(&coord.url, dir.path(), "w1");
-                Arc::new(Farm {
-                    base,
-                    _worker: worker,
-                    admin,
-                    alice,
-                    bob,
-                    coord,
-                    dir,
-                })
-            })
-            .clone()
-    };
-    struct Done;
-    impl Drop for Done {
-        fn drop(&mut self) {
-            let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
-            shared.1 += 1;
-            if shared.1 == TESTS {
-                shared.0 = None;
-            }
-        }
+    static SHARED: OnceLock<Farm> = OnceLock::new();
+    f(SHARED.get_or_init(start_farm));
+}
+
+// The watchdog outlives this process on purpose (init reaps it).
+#[allow(clippy::zombie_processes)]
+fn start_farm() -> Farm {
+    let dir = scratch();
+    let coord = Coordinator::start(
+        &dir.path().join("data"),
+        "127.0.0.1:0",
+        &["--http", "127.0.0.1:0", "--max-upload-mib", "8"],
+    );
+    let base = coord
+        .metrics
+        .clone()
+        .unwrap()
+        .trim_end_matches("/metrics")
+        .to_string();
+    let admin = coord.admin_token();
+    let alice = user(&coord, &admin, "alice");
+    let bob = user(&coord, &admin, "bob");
+    let worker = worker(&coord.url, dir.path(), "w1");
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg(r#"while kill -0 "$0" 2>/dev/null; do sleep 1; done; kill -TERM "$2"; sleep 3; kill -9 "$1" "$2"; rm -rf "$3""#)
+        .arg(std::process::id().to_string())
+        .arg(coord.proc.child.id().to_string())
+        .arg(worker.child.id().to_string())
+        .arg(dir.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    Farm {
+        base,
+        _worker: worker,
+        admin,
+        alice,
+        bob,
+        coord,
+        dir,
     }
-    let _done = Done;
-    f(&farm);
 }
 
 fn digest(bytes: &[u8]) -> String {
@@ -350,7 +347,6 @@ fn screenshots(scratch: &Path) -> PathBuf {
 fn the_dashboard_signs_in_shows_a_job_finish_live_and_cancels_another() {
     let Some(binary) = chromium() else {
         eprintln!("SKIPPED: chromium is not installed (scripts/test.sh installs it; or set TESSERA_CHROMIUM)");
-        with_farm(|_| {});
         return;
     };
     with_farm(|farm| {
