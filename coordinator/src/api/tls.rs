@@ -111,3 +111,18 @@ impl axum::serve::Listener for TlsListener {
         Ok(self.addr)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn bad_pem_is_a_clear_error_naming_the_flags() {
+        let e = super::acceptor(b"not a certificate", b"not a key")
+            .err()
+            .expect("refused");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("--tls-cert") && msg.contains("--http"),
+            "{msg}"
+        );
+    }
+}
