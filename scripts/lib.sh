@@ -22,3 +22,15 @@ ensure_vulkan() {
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
 }
+
+ensure_chromium() {
+  # Debian's chromium, driven headless over the DevTools protocol by the
+  # dashboard's browser test (tests/tests/web.rs).
+  if [ -n "${TESSERA_CHROMIUM:-}" ] && [ -x "$TESSERA_CHROMIUM" ]; then return; fi
+  if command -v chromium >/dev/null 2>&1; then return; fi
+  echo "chromium is not installed; installing Debian's chromium package for the dashboard's browser test..." >&2
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+  command -v chromium >/dev/null 2>&1 || { echo "error: installing chromium failed; install it by hand (apt-get install chromium) or set TESSERA_CHROMIUM" >&2; exit 1; }
+}

@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 source scripts/lib.sh
 ensure_blender
 ensure_vulkan
+ensure_chromium
 ensure_rust
 
 echo "== cargo fmt --check"

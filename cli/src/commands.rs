@@ -105,7 +105,10 @@ pub async fn run(cli: Cli) -> Result<()> {
                 println!(
                     "{}",
                     serde_json::to_string_pretty(
-                        &jobs.iter().map(show::job_json).collect::<Vec<_>>()
+                        &jobs
+                            .iter()
+                            .map(tessera_proto::json::job)
+                            .collect::<Vec<_>>()
                     )?
                 );
             } else {
@@ -117,7 +120,10 @@ pub async fn run(cli: Cli) -> Result<()> {
             let mut c = Client::new(&url)?;
             let j = c.job(job).await?;
             if json.json {
-                println!("{}", serde_json::to_string_pretty(&show::job_json(&j))?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&tessera_proto::json::job(&j))?
+                );
             } else {
                 show::job(&j);
             }
@@ -143,7 +149,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             if client::frame_count(&j) < j.frames_total as usize {
                 eprintln!(
                     "job {job} is {}: {} of {} frames so far",
-                    show::job_json(&j)["state"],
+                    tessera_proto::json::job(&j)["state"],
                     client::frame_count(&j),
                     j.frames_total
                 );
@@ -238,7 +244,10 @@ pub async fn run(cli: Cli) -> Result<()> {
                 println!(
                     "{}",
                     serde_json::to_string_pretty(
-                        &workers.iter().map(show::worker_json).collect::<Vec<_>>()
+                        &workers
+                            .iter()
+                            .map(tessera_proto::json::worker)
+                            .collect::<Vec<_>>()
                     )?
                 );
             } else {
@@ -340,19 +349,25 @@ async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     };
     if let Some(h) = &http {
         let h = h.local_addr()?;
-        if !h.ip().is_loopback() && !args.allow_plaintext {
+        // With --tls-cert the HTTP port serves HTTPS; without, the same rule
+        // as gRPC: plain text only on loopback.
+        if !h.ip().is_loopback() && args.tls_cert.is_none() && !args.allow_plaintext {
             bail!(
-                "--http {h} is reachable from other machines and serves plain HTTP, so metrics tokens would travel unencrypted; bind it to loopback (put a TLS proxy in front) or pass --allow-plaintext"
+                "--http {h} is reachable from other machines and would serve plain HTTP, so tokens would travel unencrypted; give --tls-cert and --tls-key (the port then serves HTTPS), bind it to loopback, or pass --allow-plaintext on a trusted network"
             );
         }
     }
     // Scripts and tests read these lines to learn the ports when they end in :0.
     println!("tessera coordinator listening on {addr}");
     if let Some(h) = &http {
-        println!(
-            "tessera coordinator metrics on http://{}/metrics",
-            h.local_addr()?
-        );
+        let scheme = if args.tls_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let h = h.local_addr()?;
+        println!("tessera coordinator metrics on {scheme}://{h}/metrics");
+        eprintln!("dashboard: {scheme}://{h}/ (sign in with a token; JSON API under /api/v1/)");
     }
     coord.serve(listener, http, shutdown_signal()).await?;
     Ok(())

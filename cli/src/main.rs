@@ -192,7 +192,8 @@ struct CoordinatorArgs {
     /// Most tiles in one frame.
     #[arg(long, default_value_t = 256)]
     max_tiles: u32,
-    /// HTTP listen address for /metrics (Prometheus); off when not given.
+    /// HTTP listen address for /metrics (Prometheus), the JSON API (/api/v1/)
+    /// and the web dashboard (/); HTTPS with --tls-cert. Off when not given.
     #[arg(long)]
     http: Option<String>,
     /// A GPU at or above this temperature (°C) drains its worker.

@@ -3,25 +3,7 @@
 use serde_json::{json, Value};
 use tessera_proto as pb;
 
-fn job_state(s: i32) -> String {
-    pb::JobState::try_from(s)
-        .map(|s| {
-            s.as_str_name()
-                .trim_start_matches("JOB_STATE_")
-                .to_lowercase()
-        })
-        .unwrap_or_else(|_| "unknown".into())
-}
-
-fn task_state(s: i32) -> String {
-    pb::TaskState::try_from(s)
-        .map(|s| {
-            s.as_str_name()
-                .trim_start_matches("TASK_STATE_")
-                .to_lowercase()
-        })
-        .unwrap_or_else(|_| "unknown".into())
-}
+use tessera_proto::json::{job_state, task_state};
 
 fn age(ms: u64) -> String {
     let now = std::time::SystemTime::now()
@@ -33,91 +15,6 @@ fn age(ms: u64) -> String {
         60..=3599 => format!("{}m ago", s / 60),
         _ => format!("{}h ago", s / 3600),
     }
-}
-
-/// A job as JSON.
-pub fn job_json(j: &pb::JobView) -> Value {
-    json!({
-        "id": j.id,
-        "scene": j.scene_name,
-        "scene_digest": j.scene_digest,
-        "state": job_state(j.state),
-        "frames": j.frames,
-        "frames_total": j.frames_total,
-        "frames_done": j.frames_done,
-        "outputs_total": j.outputs_total,
-        "archived": j.archived,
-        "chunk": j.chunk,
-        "tiles": j.tiles,
-        "overscan": j.overscan,
-        "frame_tiles": j.frame_tiles.iter().map(|f| json!({"frame": f.frame, "tiles_done": f.tiles_done, "tiles_total": f.tiles_total, "stitched": f.stitched})).collect::<Vec<_>>(),
-        "priority": j.priority,
-        "max_attempts": j.max_attempts,
-        "tasks_total": j.tasks_total,
-        "tasks_done": j.tasks_done,
-        "tasks_running": j.tasks_running,
-        "tasks_failed": j.tasks_failed,
-        "message": j.message,
-        "waiting": j.waiting,
-        "owner": j.owner,
-        "file_set_digest": j.file_set_digest,
-        "missing_files": j.missing_files,
-        "device": j.device,
-        "min_vram_gb": j.min_vram_gb,
-        "tags": j.tags,
-        "created_ms": j.created_ms,
-        "finished_ms": if j.finished_ms == 0 { Value::Null } else { json!(j.finished_ms) },
-        "outputs": j.outputs.iter().map(|o| json!({"frame": o.frame, "digest": o.digest, "ext": o.ext, "size": o.size, "pass": o.pass})).collect::<Vec<_>>(),
-        "samples": crate::client::samples(j).trim_start_matches(", ").to_string(),
-        "tasks": j.tasks.iter().map(|t| json!({
-            "index": t.index,
-            "frames": t.frames,
-            "state": task_state(t.state),
-            "attempts": t.attempts,
-            "worker": t.worker_id,
-            "frames_done": t.frames_done,
-            "samples_done": t.samples_done,
-            "samples_total": t.samples_total,
-            "message": t.message,
-        })).collect::<Vec<_>>(),
-    })
-}
-
-/// A worker as JSON.
-pub fn worker_json(w: &pb::WorkerView) -> Value {
-    json!({
-        "id": w.id,
-        "name": w.name,
-        "state": w.state,
-        "slots": w.slots,
-        "device": w.device,
-        "blender": w.blender_version,
-        "cpu_cores": w.cpu_cores,
-        "tasks_running": w.tasks_running,
-        "tasks_done": w.tasks_done,
-        "tasks_failed": w.tasks_failed,
-        "last_seen_ms": w.last_seen_ms,
-        "memory_bytes": w.memory_bytes,
-        "tags": w.tags,
-        "drain_reason": w.drain_reason,
-        "notes": w.notes,
-        "slots_info": w.slot_info.iter().map(|s| json!({"slot": s.slot, "device": s.device, "gpu": s.gpu, "vram_bytes": s.vram_bytes})).collect::<Vec<_>>(),
-        "gpus": w.gpus.iter().map(|g| json!({
-            "index": g.index,
-            "name": g.name,
-            "vendor": g.vendor,
-            "type": g.device_type,
-            "memory_bytes": g.memory_bytes,
-            "uuid": g.uuid,
-            "telemetry": g.telemetry.map(|t| json!({
-                "utilization_pct": t.utilization_pct,
-                "memory_used_bytes": t.memory_used_bytes,
-                "temperature_c": t.temperature_c,
-                "power_w": t.power_w,
-                "ecc_errors": t.ecc_errors,
-            })),
-        })).collect::<Vec<_>>(),
-    })
 }
 
 /// Prints rows as aligned columns.

@@ -47,6 +47,7 @@ use state::State;
 use txn::Owned;
 
 mod access;
+pub mod dry_run;
 mod gc;
 mod jobs;
 mod leases;

@@ -1,5 +1,7 @@
-//! The coordinator's HTTP side: `GET /metrics` (Prometheus). A thin adapter
-//! over [`crate::metrics`].
+//! The coordinator's HTTP side: `GET /metrics` (Prometheus, a thin adapter
+//! over [`crate::metrics`]) beside the JSON API and the dashboard of
+//! [`crate::api`], over plain HTTP or, with the coordinator's certificate,
+//! HTTPS.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -10,15 +12,12 @@ use axum::routing::get;
 use axum::Router;
 use tokio::net::TcpListener;
 
+use crate::api::{self, Api};
 use crate::farm::Farm;
 
-/// Serves HTTP on `listener` until `shutdown` resolves.
-pub async fn serve(
-    farm: Arc<Farm>,
-    listener: TcpListener,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let app = Router::new().route(
+/// The metrics route.
+fn metrics(farm: Arc<Farm>) -> Router {
+    Router::new().route(
         "/metrics",
         get(move |headers: axum::http::HeaderMap| {
             let farm = farm.clone();
@@ -50,8 +49,32 @@ pub async fn serve(
                     .into_response()
             }
         }),
-    );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    )
+}
+
+/// Everything the HTTP port serves.
+pub fn app(farm: Arc<Farm>, tls: bool) -> Router {
+    metrics(farm.clone()).merge(api::router(Api::new(farm, tls)))
+}
+
+/// Serves HTTP on `listener` (HTTPS with `tls`) until `shutdown` resolves.
+pub async fn serve(
+    farm: Arc<Farm>,
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    match tls {
+        Some(acceptor) => {
+            let listener = api::tls::TlsListener::new(listener, acceptor)?;
+            axum::serve(listener, app(farm, true))
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+        None => {
+            axum::serve(listener, app(farm, false))
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+    }
 }

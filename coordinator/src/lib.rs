@@ -18,12 +18,15 @@
 //! - [`clock`]: time behind a trait.
 //! - [`convert`]: domain <-> protocol conversions.
 //! - [`grpc`]: thin tonic adapters over [`farm::Farm`].
-//! - [`metrics`], [`http`]: Prometheus metrics served over HTTP.
+//! - [`metrics`], [`http`]: Prometheus metrics served over HTTP (or HTTPS).
+//! - [`api`]: the JSON API under `/api/v1/` (with Server-Sent Events) and the
+//!   web dashboard, thin adapters over [`farm::Farm`] like [`grpc`].
 //! - [`server`]: opening a data directory and serving.
 //! - [`tiles`]: tile grids, overscan and Blender render borders.
 //! - [`stitch`]: assembling a frame from rendered tiles, pixel for pixel.
 //! - [`limits`]: image size limits (`--max-pixels`), checked before allocating.
 
+pub mod api;
 pub mod auth;
 pub mod blendfile;
 pub mod blob_store;

@@ -68,7 +68,8 @@ impl Coordinator {
         self.admin_token.as_deref()
     }
 
-    /// Serves gRPC over TLS with this certificate chain and key (PEM).
+    /// Serves gRPC (and the HTTP port) over TLS with this certificate chain
+    /// and key (PEM).
     pub fn with_tls(mut self, cert_pem: Vec<u8>, key_pem: Vec<u8>) -> Self {
         self.tls = Some((cert_pem, key_pem));
         self
@@ -88,13 +89,18 @@ impl Coordinator {
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), Error> {
         let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
+        // The HTTP port serves HTTPS with the same certificate as gRPC.
+        let http_tls = match (&http, &self.tls) {
+            (Some(_), Some((cert, key))) => Some(crate::api::tls::acceptor(cert, key)?),
+            _ => None,
+        };
         let http_task = http.map(|l| {
             let farm = self.farm.clone();
             tokio::spawn(async move {
                 let stopped = async move {
                     let _ = http_stopped.await;
                 };
-                if let Err(e) = crate::http::serve(farm, l, stopped).await {
+                if let Err(e) = crate::http::serve(farm, l, http_tls, stopped).await {
                     tracing::error!("HTTP server stopped: {e}");
                 }
             })

@@ -1,9 +1,11 @@
 //! Tessera's wire protocol: the code generated from `proto/tessera/v1/tessera.proto`.
 //!
-//! Nothing else lives here; conversions to domain types sit beside those types
-//! in the coordinator and worker crates.
+//! Beside it, [`json`]: the one JSON form of job and worker views, shared by
+//! the CLI's `--json` output and the coordinator's HTTP API. Conversions to
+//! domain types sit beside those types in the coordinator and worker crates.
 
 #![allow(clippy::all, missing_docs)]
+#![recursion_limit = "256"]
 
 /// Version 1 of the protocol.
 pub mod v1 {
@@ -11,3 +13,5 @@ pub mod v1 {
 }
 
 pub use v1::*;
+
+pub mod json;

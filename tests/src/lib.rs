@@ -9,7 +9,9 @@
 //!   `scripts/bench-coordinator.sh`: fake workers and clients driving a
 //!   real coordinator over gRPC.
 
+pub mod browser;
 pub mod fake_coordinator;
+pub mod http;
 pub mod load;
 
 use std::io::{BufRead, BufReader};

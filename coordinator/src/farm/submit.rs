@@ -3,26 +3,50 @@
 
 use super::*;
 
+/// A submission checked against every rule that needs no blob: what the
+/// job would be.
+pub(super) struct Plan {
+    pub(super) frames: FrameSet,
+    pub(super) chunk: u32,
+    pub(super) max_attempts: u32,
+    pub(super) name: String,
+    pub(super) grid: Grid,
+    pub(super) overscan: u32,
+    pub(super) width: u32,
+    pub(super) height: u32,
+    /// The tiles of a tiled job (empty for whole frames).
+    pub(super) rects: Vec<Rect>,
+    pub(super) requirements: Requirements,
+}
+
+impl Plan {
+    /// Tasks the job splits into.
+    pub(super) fn task_count(&self) -> u64 {
+        if self.rects.is_empty() {
+            (self.frames.len() as u64).div_ceil(u64::from(self.chunk))
+        } else {
+            self.frames.len() as u64 * self.rects.len() as u64
+        }
+    }
+}
+
 impl Farm {
-    /// Accepts a job: validates it, splits it into tasks and stores it.
-    pub fn submit(&self, sub: Submission) -> Result<JobId, Error> {
+    /// Checks `sub` against every rule that needs no blob (submit and the
+    /// dry run share it): frames, attempts, tiles, overscan, the output
+    /// size and format, requirements.
+    pub(super) fn plan(&self, sub: &Submission) -> Result<Plan, Error> {
+        if let Some(info) = &sub.scene_info {
+            self.config
+                .max_pixels
+                .check(
+                    "the scene's output",
+                    u64::from(info.width),
+                    u64::from(info.height),
+                )
+                .map_err(|e| Error::Invalid(e.to_string()))?;
+        }
         let frames = FrameSet::parse(&sub.frames, self.config.max_frames)
             .map_err(|e| Error::Invalid(e.to_string()))?;
-        if !self.blobs.contains(&sub.scene) {
-            return Err(Error::invalid(format!(
-                "scene {} has not been uploaded; upload it before submitting (tessera submit does this)",
-                sub.scene
-            )));
-        }
-        let head = self.blobs.read_range(&sub.scene, 0, 12)?;
-        let size = self.blobs.size(&sub.scene).unwrap_or(0);
-        let tail_at = size.saturating_sub(crate::blendfile::TAIL as u64);
-        let tail = self
-            .blobs
-            .read_range(&sub.scene, tail_at, crate::blendfile::TAIL)?;
-        if let Err(e) = crate::blendfile::check_end(&head, &tail) {
-            return Err(Error::invalid(format!("scene {} {e}", sub.scene_name)));
-        }
         let chunk = if sub.chunk == 0 { 1 } else { sub.chunk };
         let max_attempts = match sub.max_attempts {
             0 => self.config.max_attempts,
@@ -53,11 +77,11 @@ impl Farm {
         }
         let (width, height, rects) = if grid.count() > 1 {
             let info = sub.scene_info.as_ref().filter(|i| i.width > 0 && i.height > 0).ok_or_else(|| {
-                Error::invalid("a tiled job needs the scene's resolution; submit it with `tessera submit`, which reads it with Blender")
+                Error::invalid("a tiled job needs the scene's resolution; submit it with `tessera submit` or the add-on, which read it with Blender")
             })?;
             if !matches!(info.file_format.as_str(), "PNG" | "OPEN_EXR") {
                 return Err(Error::invalid(format!(
-                    "the scene's output format is {}, which cannot be stitched from tiles; set Output Properties > File Format to PNG or OpenEXR, or submit without --tiles",
+                    "the scene's output format is {}, which cannot be stitched from tiles; set Output Properties > File Format to PNG or OpenEXR, or submit without tiles",
                     info.file_format
                 )));
             }
@@ -78,6 +102,49 @@ impl Farm {
         };
         let requirements = Requirements::parse(&sub.device, sub.min_vram_gb, &sub.tags)?
             .with_features(&sub.features)?;
+        Ok(Plan {
+            frames,
+            chunk,
+            max_attempts,
+            name,
+            grid,
+            overscan,
+            width,
+            height,
+            rects,
+            requirements,
+        })
+    }
+
+    /// Accepts a job: validates it, splits it into tasks and stores it.
+    pub fn submit(&self, sub: Submission) -> Result<JobId, Error> {
+        if !self.blobs.contains(&sub.scene) {
+            return Err(Error::invalid(format!(
+                "scene {} has not been uploaded; upload it before submitting (tessera submit does this)",
+                sub.scene
+            )));
+        }
+        let head = self.blobs.read_range(&sub.scene, 0, 12)?;
+        let size = self.blobs.size(&sub.scene).unwrap_or(0);
+        let tail_at = size.saturating_sub(crate::blendfile::TAIL as u64);
+        let tail = self
+            .blobs
+            .read_range(&sub.scene, tail_at, crate::blendfile::TAIL)?;
+        if let Err(e) = crate::blendfile::check_end(&head, &tail) {
+            return Err(Error::invalid(format!("scene {} {e}", sub.scene_name)));
+        }
+        let Plan {
+            frames,
+            chunk,
+            max_attempts,
+            name,
+            grid,
+            overscan,
+            width,
+            height,
+            rects,
+            requirements,
+        } = self.plan(&sub)?;
         let file_set = sub
             .file_set
             .map(|d| self.check_file_set(&d, &sub.scene))

@@ -1,0 +1,185 @@
+//! Headless Chromium driven over the Chrome DevTools Protocol, through
+//! `--remote-debugging-pipe` (JSON messages ended by NUL on file
+//! descriptors 3 and 4), so no WebSocket client or driver crate is needed.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// The chromium binary: `$TESSERA_CHROMIUM`, else `chromium` on the PATH.
+pub fn chromium() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("TESSERA_CHROMIUM") {
+        return Some(PathBuf::from(p));
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("chromium"))
+            .find(|p| p.is_file())
+    })
+}
+
+/// A headless browser with one page.
+pub struct Browser {
+    child: Child,
+    to: ChildStdin,
+    from: Receiver<Value>,
+    next: u64,
+    session: String,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Browser {
+    /// Starts chromium with a fresh profile under `dir` and opens a page of
+    /// `width` x `height` CSS pixels.
+    pub fn start(binary: &Path, dir: &Path, width: u32, height: u32) -> Self {
+        let profile = dir.join("chromium-profile");
+        let log = std::fs::File::create(dir.join("chromium.log")).unwrap();
+        // The pipe protocol reads fd 3 and writes fd 4: map them onto the
+        // child's stdin and stdout.
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(r#"exec "$0" "$@" 3<&0 4>&1 0</dev/null 1>&2"#)
+            .arg(binary)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--hide-scrollbars",
+                "--remote-debugging-pipe",
+            ])
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .arg(format!("--window-size={width},{height}"))
+            .arg("about:blank")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("chromium starts");
+        let to = child.stdin.take().unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, from) = channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(out);
+            let mut buf = Vec::new();
+            while r.read_until(0, &mut buf).is_ok_and(|n| n > 0) {
+                if buf.last() == Some(&0) {
+                    buf.pop();
+                }
+                if let Ok(v) = serde_json::from_slice::<Value>(&buf) {
+                    if tx.send(v).is_err() {
+                        return;
+                    }
+                }
+                buf.clear();
+            }
+        });
+        let mut b = Self {
+            child,
+            to,
+            from,
+            next: 0,
+            session: String::new(),
+        };
+        let target = b.call("Target.createTarget", json!({"url": "about:blank"}));
+        let attached = b.call(
+            "Target.attachToTarget",
+            json!({"targetId": target["targetId"], "flatten": true}),
+        );
+        b.session = attached["sessionId"].as_str().unwrap().to_string();
+        b.call("Page.enable", json!({}));
+        b.call("Runtime.enable", json!({}));
+        b.viewport(width, height);
+        b
+    }
+
+    /// Sends a command (to the page once attached) and waits for its answer.
+    pub fn call(&mut self, method: &str, params: Value) -> Value {
+        self.next += 1;
+        let id = self.next;
+        let mut msg = json!({"id": id, "method": method, "params": params});
+        if !self.session.is_empty() {
+            msg["sessionId"] = json!(self.session);
+        }
+        let mut bytes = msg.to_string().into_bytes();
+        bytes.push(0);
+        self.to.write_all(&bytes).unwrap();
+        self.to.flush().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline
+                .checked_duration_since(Instant::now())
+                .unwrap_or_else(|| panic!("chromium did not answer {method}"));
+            let v = self
+                .from
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("chromium did not answer {method}"));
+            if v["id"] == json!(id) {
+                if let Some(e) = v.get("error") {
+                    panic!("{method} failed: {e}");
+                }
+                return v["result"].clone();
+            }
+        }
+    }
+
+    /// Sets the page's size in CSS pixels.
+    pub fn viewport(&mut self, width: u32, height: u32) {
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            json!({"width": width, "height": height, "deviceScaleFactor": 1, "mobile": width < 700}),
+        );
+    }
+
+    /// Opens `url` in the page.
+    pub fn goto(&mut self, url: &str) {
+        self.call("Page.navigate", json!({"url": url}));
+    }
+
+    /// Evaluates `js` in the page (awaiting a promise) and returns its value.
+    pub fn eval(&mut self, js: &str) -> Value {
+        let r = self.call(
+            "Runtime.evaluate",
+            json!({"expression": js, "returnByValue": true, "awaitPromise": true}),
+        );
+        if let Some(e) = r.get("exceptionDetails") {
+            panic!("{js} threw: {e}");
+        }
+        r["result"]["value"].clone()
+    }
+
+    /// Waits until `js` is true in the page; false on timeout.
+    pub fn wait_for(&mut self, js: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let guarded =
+            format!("(() => {{ try {{ return !!({js}); }} catch (e) {{ return false; }} }})()");
+        while Instant::now() < deadline {
+            if self.eval(&guarded) == json!(true) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        false
+    }
+
+    /// Saves a PNG screenshot of the page.
+    pub fn screenshot(&mut self, path: &Path) {
+        use base64::Engine;
+        let r = self.call("Page.captureScreenshot", json!({"format": "png"}));
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(r["data"].as_str().unwrap())
+            .unwrap();
+        std::fs::write(path, png).unwrap();
+    }
+}
