@@ -235,6 +235,7 @@ impl From<&WorkerSnapshot> for pb::WorkerView {
             drain_reason: w.drain.clone().unwrap_or_default(),
             notes: r.notes.clone(),
             blender_features: r.features.clone(),
+            tasks_in_hand: w.in_hand.iter().map(|(j, t)| format!("{j}.{t}")).collect(),
         }
     }
 }

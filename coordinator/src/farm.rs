@@ -261,6 +261,8 @@ pub struct WorkerSnapshot {
     pub online: bool,
     /// Tasks it holds now.
     pub running: u32,
+    /// Which tasks those are: (job, task index).
+    pub in_hand: Vec<(JobId, u32)>,
     /// Why it takes no new work, while draining.
     pub drain: Option<String>,
 }

@@ -269,6 +269,9 @@ function workerCard(w) {
     w.drain_reason ? h("p", { class: "error" }, "draining: " + w.drain_reason) : null,
     h("dl", { class: "kv" },
       h("dt", {}, "slots"), h("dd", {}, w.tasks_running + " busy of " + w.slots),
+      h("dt", {}, "in hand"), h("dd", {}, (w.tasks_in_hand || []).length
+        ? (w.tasks_in_hand || []).flatMap((t, i) => { const [job, task] = t.split("."); const a = h("a", { href: "/jobs/" + job }, "job " + job + " task " + task); return i ? [" · ", a] : [a]; })
+        : "nothing"),
       h("dt", {}, "device"), h("dd", {}, w.device + (w.tags.length ? " · tags " + w.tags.join(",") : "")),
       h("dt", {}, "tasks"), h("dd", {}, w.tasks_done + " done, " + w.tasks_failed + " failed"),
       h("dt", {}, "blender"), h("dd", {}, w.blender),

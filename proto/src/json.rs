@@ -103,6 +103,7 @@ pub fn worker(w: &pb::WorkerView) -> Value {
         "device": w.device,
         "blender": w.blender_version,
         "blender_features": w.blender_features,
+        "tasks_in_hand": w.tasks_in_hand,
         "cpu_cores": w.cpu_cores,
         "tasks_running": w.tasks_running,
         "tasks_done": w.tasks_done,

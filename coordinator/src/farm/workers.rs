@@ -81,6 +81,11 @@ impl Farm {
                 record: w.clone(),
                 online: self.online(w, now),
                 running: st.held.get(&w.id).map_or(0, |h| h.len() as u32),
+                in_hand: st
+                    .held
+                    .get(&w.id)
+                    .map(|h| h.iter().copied().collect())
+                    .unwrap_or_default(),
                 drain: st.health.get(&w.id).and_then(|h| h.drain.clone()),
             })
             .collect()
