@@ -133,6 +133,7 @@ fn drive(scene: &Path, prefs: Value, steps: Value) -> (Value, String) {
         .arg("--out")
         .arg(&result)
         .env("BLENDER_USER_SCRIPTS", tmp.path().join("scripts"))
+        .env("BLENDER_USER_CONFIG", tmp.path().join("config"))
         .env("XDG_CACHE_HOME", tmp.path().join("cache"))
         .output()
         .expect("blender runs");
