@@ -10,6 +10,16 @@ ensure_blender() {
   command -v blender >/dev/null 2>&1 || { echo "error: installing blender failed; install it by hand (apt-get install blender) or set TESSERA_BLENDER" >&2; exit 1; }
 }
 
+ensure_xvfb() {
+  # A virtual X display, for screenshots of Blender's UI (scripts/addon-screenshot.sh).
+  if command -v xvfb-run >/dev/null 2>&1; then return; fi
+  echo "installing xvfb (a virtual X display for Blender's UI)..." >&2
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq xvfb >/dev/null
+  command -v xvfb-run >/dev/null 2>&1 || { echo "error: installing xvfb failed; install it by hand (apt-get install xvfb)" >&2; exit 1; }
+}
+
 ensure_rust() {
   command -v cargo >/dev/null 2>&1 || { echo "error: cargo is missing; install Rust with rustup (https://rustup.rs)" >&2; exit 1; }
 }

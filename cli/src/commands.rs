@@ -98,6 +98,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             blender,
         } => deps(&url, &scene, &blender, json.json).await,
         Command::Users(cmd) => users(&url, cmd).await,
+        Command::Hash { files, stdin } => fileset::hash_command(files, stdin).await,
         Command::Jobs(j) => {
             let mut c = Client::new(&url)?;
             let jobs = c.jobs(j.archived).await?;
@@ -557,6 +558,7 @@ pub fn render_mode(fresh: bool, idle_s: f64) -> Result<tessera_worker::agent::Re
 /// A checked submission: the frame set, the scene's facts when read, and
 /// its files laid out under the job root.
 pub struct Prepared {
+    scene: std::path::PathBuf,
     frames: String,
     facts: Option<client::SceneFacts>,
     layout: fileset::Layout,
@@ -585,7 +587,10 @@ impl Prepared {
 /// Checks the scene, frames and tiles; reads the scene with Blender when the
 /// frames are not given or the job is tiled (tiles need the frame size).
 pub async fn prepare(job: &JobArgs) -> Result<Prepared> {
-    client::check_scene(&job.scene)?;
+    let Some(scene) = job.scene.clone() else {
+        bail!("give the .blend scene to render (or, for `submit`, --bundle DIR)");
+    };
+    client::check_scene(&scene)?;
     if job.chunk < 1 {
         bail!(
             "--chunk {} is not a frame count; use 1 or more frames per task",
@@ -596,7 +601,7 @@ pub async fn prepare(job: &JobArgs) -> Result<Prepared> {
         job.tiles.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
     // One Blender start reads the scene's files and facts; an unchanged
     // scene is not read again (see `fileset::trace_cached`).
-    let trace = fileset::trace_cached(&job.blender, &job.scene).await?;
+    let trace = fileset::trace_cached(&job.blender, &scene).await?;
     let facts = trace.facts.as_ref().map(client::SceneFacts::from);
     let frames = match (&job.frames, &facts) {
         (Some(f), _) => f.clone(),
@@ -611,7 +616,7 @@ pub async fn prepare(job: &JobArgs) -> Result<Prepared> {
         tessera_coordinator::tiles::split(f.width, f.height, grid, u32::MAX)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
-    let layout = fileset::layout(&job.scene, &trace, &job.shared)?;
+    let layout = fileset::layout(&scene, &trace, &job.shared)?;
     if !layout.missing.is_empty() && !job.allow_missing {
         bail!(
             "the scene refers to {} file(s) that do not exist:\n  {}\nput them back, fix the paths in Blender, or submit with --allow-missing to render without them",
@@ -620,6 +625,7 @@ pub async fn prepare(job: &JobArgs) -> Result<Prepared> {
         );
     }
     Ok(Prepared {
+        scene,
         frames,
         facts,
         layout,
@@ -665,6 +671,16 @@ async fn upload_files(
     let mut cache = fileset::HashCache::load();
     let entries = fileset::hash_all(layout, &mut cache, false).await?;
     cache.save();
+    upload_entries(c, layout, entries).await
+}
+
+/// Uploads the hashed files of `layout` (and its file set) that the
+/// coordinator lacks; returns what [`upload_files`] does.
+pub async fn upload_entries(
+    c: &mut Client,
+    layout: &fileset::Layout,
+    entries: Vec<pb::FileEntry>,
+) -> Result<(String, Option<String>, u64, usize)> {
     let scene = entries[0].digest.clone();
     let self_contained =
         entries.len() == 1 && layout.mappings.is_empty() && layout.missing.is_empty();
@@ -688,11 +704,8 @@ async fn upload_files(
     Ok((scene, manifest_digest, sent, count))
 }
 
-/// Uploads and submits; returns the job id.
-pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Result<u64> {
-    warn_if_newer(c, &prepared.saved_with).await;
-    let (digest, file_set, sent, count) = upload_files(c, &prepared.layout).await?;
-    let files = prepared.layout.files.len();
+/// Says what an upload of `files` files sent.
+pub fn say_uploaded(sent: u64, count: usize, files: usize) {
     match (sent, files) {
         (0, 1) => eprintln!("scene already on the coordinator; 0 bytes uploaded"),
         (0, n) => eprintln!(
@@ -704,7 +717,14 @@ pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Re
             eprintln!("uploaded {count} of {n} file(s) (the scene and what it uses): {b} bytes")
         }
     }
-    let name = job
+}
+
+/// Uploads and submits; returns the job id.
+pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Result<u64> {
+    warn_if_newer(c, &prepared.saved_with).await;
+    let (digest, file_set, sent, count) = upload_files(c, &prepared.layout).await?;
+    say_uploaded(sent, count, prepared.layout.files.len());
+    let name = prepared
         .scene
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -764,9 +784,14 @@ async fn deps(
 }
 
 async fn submit(url: &Access, args: SubmitArgs) -> Result<()> {
-    let frames = prepare(&args.job).await?;
     let mut c = Client::new(url)?;
-    let id = submit_job(&mut c, &args.job, frames).await?;
+    let id = match &args.bundle {
+        Some(dir) => crate::bundle::submit(&mut c, dir, &args.job).await?,
+        None => {
+            let frames = prepare(&args.job).await?;
+            submit_job(&mut c, &args.job, frames).await?
+        }
+    };
     println!("{id}");
     if args.wait || args.output.is_some() {
         let job = client::wait(&mut c, id).await?;

@@ -668,3 +668,32 @@ pub fn version(s: &str) -> Option<(u32, u32, u32)> {
     let patch = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
     Some((major, minor, patch))
 }
+
+/// `tessera hash`: one JSON line per file, `{"path", "digest", "size"}`,
+/// with the same hash cache as `submit` (an unchanged file is not read again).
+pub async fn hash_command(mut files: Vec<PathBuf>, stdin: bool) -> Result<()> {
+    if stdin {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .context("cannot read paths from standard input")?;
+        files.extend(text.lines().filter(|l| !l.is_empty()).map(PathBuf::from));
+    }
+    let layout = Layout {
+        files: files
+            .iter()
+            .map(|p| (p.to_string_lossy().into_owned(), p.clone()))
+            .collect(),
+        ..Default::default()
+    };
+    let mut cache = HashCache::load();
+    let entries = hash_all(&layout, &mut cache, true).await?;
+    cache.save();
+    let mut out = String::new();
+    for ((path, _), e) in layout.files.iter().zip(&entries) {
+        let line = serde_json::json!({"path": path, "digest": e.digest, "size": e.size});
+        out.push_str(&line.to_string());
+        out.push('\n');
+    }
+    print!("{out}");
+    Ok(())
+}

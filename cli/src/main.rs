@@ -3,6 +3,7 @@
 
 #![recursion_limit = "256"]
 
+mod bundle;
 mod client;
 mod commands;
 mod fileset;
@@ -112,6 +113,15 @@ enum Command {
         /// Blender executable, used to list the scene's files.
         #[arg(long, env = "TESSERA_BLENDER", default_value = "blender")]
         blender: PathBuf,
+    },
+    /// Print the blake3 digest of files, as the farm addresses them, one JSON
+    /// object a line: {"path", "digest", "size"}. The Blender add-on uses it.
+    Hash {
+        /// Files to hash.
+        files: Vec<PathBuf>,
+        /// Also read paths from standard input, one a line.
+        #[arg(long)]
+        stdin: bool,
     },
     /// Render locally: an embedded coordinator and local worker slots in one process.
     Render(RenderArgs),
@@ -295,7 +305,7 @@ struct WorkerArgs {
 #[derive(Args, Debug, Clone)]
 struct JobArgs {
     /// The .blend scene.
-    scene: PathBuf,
+    scene: Option<PathBuf>,
     /// Frames: `7`, `1-250`, `1-100x2`, `1,5,10-20` (default: the scene's frame range).
     #[arg(long)]
     frames: Option<String>,
@@ -351,6 +361,11 @@ struct SubmitArgs {
     /// Download the frames here when the job is done (implies --wait).
     #[arg(short = 'o', long = "output")]
     output: Option<PathBuf>,
+    /// Submit a job bundle exported by the Blender add-on ("Export job
+    /// bundle") instead of a scene: its files and settings travel as they
+    /// are; --frames, --priority, --tag and --allow-missing still apply.
+    #[arg(long, value_name = "DIR", conflicts_with = "scene")]
+    bundle: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

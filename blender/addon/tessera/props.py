@@ -1,0 +1,77 @@
+"""The add-on's preferences (where the token lives: never in the .blend) and
+the scene's job settings (`scene.tessera`)."""
+
+import bpy
+from bpy.props import (EnumProperty, FloatProperty, IntProperty, PointerProperty,
+                       StringProperty)
+
+PACKAGE = __package__
+
+
+def prefs(context=None):
+    """The add-on's preferences."""
+    context = context or bpy.context
+    return context.preferences.addons[PACKAGE].preferences
+
+
+class TesseraPreferences(bpy.types.AddonPreferences):
+    bl_idname = PACKAGE
+
+    url: StringProperty(
+        name="Coordinator URL", default="http://127.0.0.1:7879",
+        description="The coordinator's HTTP address (tessera coordinator --http ADDR)")
+    token: StringProperty(
+        name="Token", subtype="PASSWORD", default="",
+        description="Your token (tessera users add NAME prints one); kept in Blender's "
+                    "preferences, never in the .blend")
+    ca_file: StringProperty(
+        name="CA file", subtype="FILE_PATH", default="",
+        description="For https:// URLs: the CA certificate (PEM) that signed the coordinator's")
+    tessera_path: StringProperty(
+        name="tessera binary", subtype="FILE_PATH", default="",
+        description="Hashes files at native speed (empty: found on $PATH); without it a "
+                    "pure-Python BLAKE3 is used, much slower")
+    hasher: EnumProperty(
+        name="Digests", default="AUTO",
+        items=[("AUTO", "Auto", "The tessera binary when found, else pure Python"),
+               ("PYTHON", "Pure Python", "Always the add-on's own BLAKE3 (slow)")])
+
+    def draw(self, context):
+        from . import ui
+        ui.draw_preferences(self, context)
+
+
+class TesseraSceneSettings(bpy.types.PropertyGroup):
+    frames: StringProperty(
+        name="Frames", default="",
+        description="Frames to render: 7, 1-250, 1-100x2, 1,5,10-20 (empty: the scene's range)")
+    tiles: StringProperty(
+        name="Tiles", default="1x1",
+        description="Split every frame into COLUMNSxROWS tiles, stitched back pixel-exactly")
+    chunk: IntProperty(name="Chunk", default=1, min=1, description="Frames per task")
+    priority: IntProperty(name="Priority", default=0, description="Higher runs first")
+    device: EnumProperty(
+        name="Device", default="ANY",
+        items=[("ANY", "Any", "Any worker"), ("CPU", "CPU", "CPU workers only"),
+               ("CUDA", "CUDA", "NVIDIA CUDA GPUs"), ("OPTIX", "OptiX", "NVIDIA OptiX GPUs")])
+    min_vram: FloatProperty(name="Min VRAM (GB)", default=0.0, min=0.0,
+                            description="Least GPU memory a worker slot must have")
+    tags: StringProperty(name="Tags", default="",
+                         description="Tags every rendering worker must carry, comma-separated")
+    job_id: IntProperty(name="Last job", default=0, min=0,
+                        description="The last job submitted from this scene")
+
+
+CLASSES = (TesseraPreferences, TesseraSceneSettings)
+
+
+def register():
+    for c in CLASSES:
+        bpy.utils.register_class(c)
+    bpy.types.Scene.tessera = PointerProperty(type=TesseraSceneSettings)
+
+
+def unregister():
+    del bpy.types.Scene.tessera
+    for c in reversed(CLASSES):
+        bpy.utils.unregister_class(c)

@@ -1,0 +1,75 @@
+"""Test driver run inside Blender: installs the add-on zip into the
+BLENDER_USER_SCRIPTS the test chose, enables it, sets its preferences, runs
+operators in order and writes what each did to --out as JSON.
+
+    BLENDER_USER_SCRIPTS=DIR blender -b [SCENE.blend] --python-exit-code 3 \
+        --python tests/addon/drive.py -- --zip out/tessera-addon.zip \
+        --prefs '{"url": ..., "token": ...}' --steps '[["submit", {}], ...]' --out R.json
+
+Each step is [operator name in bpy.ops.tessera, keyword arguments]; a step
+may also be ["set", {"scene.tessera.frames": "1-2", ...}] to set properties.
+The result lists, per step, Blender's return set or the error the operator
+reported (bpy raises RuntimeError for an ERROR report), and "traceback":
+whether a Python traceback appeared in it (an add-on bug).
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+
+import addon_utils
+import bpy
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def main():
+    argv = sys.argv[sys.argv.index("--") + 1:]
+    p = argparse.ArgumentParser()
+    p.add_argument("--zip", required=True)
+    p.add_argument("--prefs", default="{}")
+    p.add_argument("--steps", default="[]")
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    bpy.ops.preferences.addon_install(filepath=os.path.abspath(a.zip), overwrite=True)
+    bpy.ops.preferences.addon_enable(module="tessera")
+    assert addon_utils.check("tessera")[1], "the add-on is not enabled"
+    prefs = bpy.context.preferences.addons["tessera"].preferences
+    for k, v in json.loads(a.prefs).items():
+        setattr(prefs, k, v)
+    blend = bpy.data.filepath
+    before = sha256(blend) if blend else None
+    results = []
+    for name, kwargs in json.loads(a.steps):
+        if name == "set":
+            for path, value in kwargs.items():
+                obj_path, attr = path.rsplit(".", 1)
+                obj = bpy.context
+                for part in obj_path.split("."):
+                    obj = getattr(obj, part)
+                setattr(obj, attr, value)
+            continue
+        step = {"op": name}
+        try:
+            step["result"] = sorted(getattr(bpy.ops.tessera, name)(**kwargs))
+            step["error"] = None
+        except RuntimeError as e:
+            step["result"] = ["ERROR"]
+            step["error"] = str(e)
+        step["traceback"] = "Traceback" in (step["error"] or "")
+        step["job_id"] = bpy.context.scene.tessera.job_id
+        results.append(step)
+        print("drive.py:", json.dumps(step), flush=True)
+    out = {"steps": results, "blend_sha_before": before,
+           "blend_sha_after": sha256(blend) if blend else None,
+           "is_dirty": bpy.data.is_dirty}
+    with open(a.out, "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=1)
+
+
+main()
