@@ -331,7 +331,7 @@ fn wait_done(farm: &Farm, id: u64) -> Value {
 }
 
 /// Where screenshots go: `$TESSERA_SCREENSHOTS` (the README's are made with
-/// `TESSERA_SCREENSHOTS=coordinator/web/screenshots`), else a scratch folder.
+/// `TESSERA_SCREENSHOTS=docs`), else a scratch folder.
 fn screenshots(scratch: &Path) -> PathBuf {
     match std::env::var_os("TESSERA_SCREENSHOTS") {
         Some(d) => {
@@ -435,7 +435,7 @@ fn the_dashboard_signs_in_shows_a_job_finish_live_and_cancels_another() {
             )),
             json!(false)
         );
-        b.screenshot(&shots.join("jobs.png"));
+        b.screenshot(&shots.join("dashboard-jobs.png"));
 
         // The job page: frames done, the last frame large, thumbnails loaded.
         b.goto(&format!("{}/jobs/{id}", farm.base));
@@ -457,7 +457,7 @@ fn the_dashboard_signs_in_shows_a_job_finish_live_and_cancels_another() {
             b.eval("document.querySelectorAll('button[data-action]').length"),
             json!(0)
         );
-        b.screenshot(&shots.join("job.png"));
+        b.screenshot(&shots.join("dashboard-job.png"));
 
         // Cancel the waiting job with its button, and see it cancelled.
         b.goto(&format!("{}/jobs/{stuck}", farm.base));
@@ -503,7 +503,7 @@ fn the_dashboard_signs_in_shows_a_job_finish_live_and_cancels_another() {
             .as_str()
             .unwrap()
             .contains("w1"));
-        b.screenshot(&shots.join("workers.png"));
+        b.screenshot(&shots.join("dashboard-workers.png"));
 
         // At a phone's width nothing spills sideways.
         b.viewport(390, 800);
