@@ -110,16 +110,7 @@ impl Farm {
     /// answer as for a blob never uploaded, so a learned digest tells
     /// nothing), and the scene's output must fit `--max-pixels`.
     pub fn check_submission(&self, who: &Identity, sub: &Submission) -> Result<(), Error> {
-        if let Some(info) = &sub.scene_info {
-            self.config
-                .max_pixels
-                .check(
-                    "the scene's output",
-                    u64::from(info.width),
-                    u64::from(info.height),
-                )
-                .map_err(|e| Error::Invalid(e.to_string()))?;
-        }
+        self.check_output_size(sub)?;
         let named =
             std::iter::once(("scene", sub.scene)).chain(sub.file_set.map(|d| ("file set", d)));
         for (what, d) in named {

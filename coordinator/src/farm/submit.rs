@@ -35,16 +35,7 @@ impl Farm {
     /// dry run share it): frames, attempts, tiles, overscan, the output
     /// size and format, requirements.
     pub(super) fn plan(&self, sub: &Submission) -> Result<Plan, Error> {
-        if let Some(info) = &sub.scene_info {
-            self.config
-                .max_pixels
-                .check(
-                    "the scene's output",
-                    u64::from(info.width),
-                    u64::from(info.height),
-                )
-                .map_err(|e| Error::Invalid(e.to_string()))?;
-        }
+        self.check_output_size(sub)?;
         let frames = FrameSet::parse(&sub.frames, self.config.max_frames)
             .map_err(|e| Error::Invalid(e.to_string()))?;
         let chunk = if sub.chunk == 0 { 1 } else { sub.chunk };
@@ -116,6 +107,21 @@ impl Farm {
         })
     }
 
+    /// Refuses a scene whose output is over `--max-pixels`.
+    pub(super) fn check_output_size(&self, sub: &Submission) -> Result<(), Error> {
+        if let Some(info) = &sub.scene_info {
+            self.config
+                .max_pixels
+                .check(
+                    "the scene's output",
+                    u64::from(info.width),
+                    u64::from(info.height),
+                )
+                .map_err(|e| Error::Invalid(e.to_string()))?;
+        }
+        Ok(())
+    }
+
     /// Accepts a job: validates it, splits it into tasks and stores it.
     pub fn submit(&self, sub: Submission) -> Result<JobId, Error> {
         if !self.blobs.contains(&sub.scene) {
@@ -133,18 +139,7 @@ impl Farm {
         if let Err(e) = crate::blendfile::check_end(&head, &tail) {
             return Err(Error::invalid(format!("scene {} {e}", sub.scene_name)));
         }
-        let Plan {
-            frames,
-            chunk,
-            max_attempts,
-            name,
-            grid,
-            overscan,
-            width,
-            height,
-            rects,
-            requirements,
-        } = self.plan(&sub)?;
+        let plan = self.plan(&sub)?;
         let file_set = sub
             .file_set
             .map(|d| self.check_file_set(&d, &sub.scene))
@@ -162,11 +157,19 @@ impl Farm {
             JobId(st.next_job - 1)
         };
         let started = std::time::Instant::now();
-        let task_count = if rects.is_empty() {
-            frames.len().div_ceil(chunk as usize)
-        } else {
-            frames.len() * rects.len()
-        };
+        let task_count = plan.task_count() as usize;
+        let Plan {
+            frames,
+            chunk,
+            max_attempts,
+            name,
+            grid,
+            overscan,
+            width,
+            height,
+            rects,
+            requirements,
+        } = plan;
         let job = Job {
             id,
             scene: sub.scene,
