@@ -33,6 +33,18 @@ ensure_vulkan() {
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
 }
 
+ensure_test_tools() {
+  # openssl makes the TLS tests' certificates; curl speaks HTTPS to the API.
+  local missing=()
+  command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+  command -v curl >/dev/null 2>&1 || missing+=(curl)
+  [ ${#missing[@]} -eq 0 ] && return
+  echo "installing ${missing[*]} for the tests..." >&2
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
 ensure_chromium() {
   # Debian's chromium, driven headless over the DevTools protocol by the
   # dashboard's browser test (tests/tests/web.rs).

@@ -243,9 +243,44 @@ fn tls_end_to_end_and_no_plain_text_off_loopback() {
             key.to_str().unwrap(),
             "--tls-ca-for-tests",
             ca.to_str().unwrap(),
+            "--http",
+            "127.0.0.1:0",
         ],
     );
     assert!(coord.url.starts_with("https://"));
+    // The HTTP port serves the API over TLS with the same certificate.
+    let metrics = coord.metrics.clone().expect("started with --http");
+    assert!(metrics.starts_with("https://"), "{metrics}");
+    let port = metrics
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches("/metrics");
+    let whoami = |scheme: &str, ca_file: Option<&std::path::Path>| {
+        let mut curl = std::process::Command::new("curl");
+        curl.args(["-sS", "--max-time", "10", "-H"])
+            .arg(format!("Authorization: Bearer {}", coord.admin_token()))
+            .arg(format!("{scheme}://localhost:{port}/api/v1/whoami"));
+        if let Some(ca) = ca_file {
+            curl.arg("--cacert").arg(ca);
+        }
+        curl.output().unwrap()
+    };
+    let ok = whoami("https", Some(&ca));
+    let body = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        ok.status.success() && body.contains("\"role\":\"admin\""),
+        "{body} {}",
+        stderr(&ok)
+    );
+    assert!(
+        !whoami("https", None).status.success(),
+        "an unknown CA is refused"
+    );
+    assert!(
+        !whoami("http", None).status.success(),
+        "no plain text on the TLS port"
+    );
     let _w = worker(&coord.url, dir.path(), "a");
     let out = dir.path().join("out");
     cli_ok(
