@@ -28,6 +28,26 @@ def sha256(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def upload_cancelled_midway():
+    """Runs the submit operator's upload (the object its modal handler drives)
+    and cancels it as Esc does, once bytes are on their way: the same
+    `cancel` event, set from the upload's own progress."""
+    from tessera import job, ops  # the installed add-on's modules
+    up = job.Upload(ops.connect(bpy.context), job.prepare(bpy.context),
+                    ops.tessera_binary(bpy.context))
+    progress = up._progress
+
+    def cancel_while_uploading(n):
+        progress(n)
+        if up.stage == "uploading":
+            up.cancel.set()
+
+    up._progress = cancel_while_uploading
+    up.run()
+    return {"op": "upload_cancelled_midway", "stage": up.stage, "job_id": up.job_id,
+            "error": up.error, "sent": list(up.sent), "traceback": False}
+
+
 def main():
     argv = sys.argv[sys.argv.index("--") + 1:]
     p = argparse.ArgumentParser()
@@ -53,6 +73,9 @@ def main():
                 for part in obj_path.split("."):
                     obj = getattr(obj, part)
                 setattr(obj, attr, value)
+            continue
+        if name == "upload_cancelled_midway":
+            results.append(upload_cancelled_midway())
             continue
         step = {"op": name}
         try:

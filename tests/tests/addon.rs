@@ -313,3 +313,30 @@ fn an_exported_bundle_submitted_with_tessera_submit_bundle_equals_a_direct_rende
     );
     let _ = (&f.dir, &f.worker);
 }
+
+#[test]
+fn an_upload_cancelled_midway_leaves_no_job_behind() {
+    let f = farm();
+    let dir = scratch();
+    let scene = asset_scene(dir.path(), "library");
+    let jobs = |f: &Farm| -> usize {
+        let out = cli_as(&f.coord.url, Some(&f.user_token), &["jobs", "--json"]);
+        assert!(out.status.success(), "{out:?}");
+        serde_json::from_slice::<Value>(&out.stdout)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    let before = jobs(f);
+    let (v, log) = drive(
+        &scene,
+        prefs(&f.http, &f.user_token),
+        json!([["upload_cancelled_midway", {}]]),
+    );
+    let s = step(&v, "upload_cancelled_midway");
+    assert_eq!(s["stage"], "cancelled", "{s}\n{log}");
+    assert!(s["job_id"].is_null(), "{s}");
+    assert!(s["error"].is_null(), "{s}");
+    assert_eq!(jobs(f), before, "no job was submitted");
+}
