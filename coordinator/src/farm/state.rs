@@ -41,9 +41,9 @@ pub(super) struct State {
     /// How many records reference each blob (derived from the records).
     pub(super) refs: BlobRefs,
     /// Blobs that no record references any more, and since when (ms).
-    pub(super) garbage: HashMap<Digest, u64>,
+    pub(super) garbage: gc::Timed,
     /// When a client or worker last uploaded or asked about a blob (ms).
-    pub(super) touched: HashMap<Digest, u64>,
+    pub(super) touched: gc::Timed,
     /// Frames of open tiled jobs whose tiles are all done but that are not
     /// stitched yet: the stitch queue (derived from the records, so a crash
     /// loses nothing).

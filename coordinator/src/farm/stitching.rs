@@ -117,7 +117,7 @@ impl Farm {
             // Canceled, paused into a retry, or stitched by someone else
             // meanwhile; the new blob is unreferenced and will be collected.
             if st.refs.count(&digest) == 0 {
-                st.garbage.entry(digest).or_insert(now);
+                st.garbage.insert_new(digest, now);
             }
             return Ok(());
         }
