@@ -8,6 +8,7 @@ mod client;
 mod commands;
 mod fileset;
 mod local;
+mod serve;
 mod show;
 
 use std::path::PathBuf;

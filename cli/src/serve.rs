@@ -1,0 +1,260 @@
+//! Running a coordinator or a worker: `tessera coordinator` and `tessera worker`.
+
+use anyhow::{bail, Context, Result};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::commands::{blender_caps, shutdown_signal};
+use crate::{CoordinatorArgs, WorkerArgs};
+use tessera_worker::agent::Access;
+
+/// Coordinator settings from the command line.
+pub fn coordinator_config(a: &CoordinatorArgs) -> Result<tessera_coordinator::Config> {
+    if !(a.lease_ttl.is_finite() && a.lease_ttl >= 0.3) {
+        bail!(
+            "--lease-ttl {} is too short; use 0.3 seconds or more",
+            a.lease_ttl
+        );
+    }
+    Ok(tessera_coordinator::Config {
+        lease_ttl_ms: (a.lease_ttl * 1000.0) as u64,
+        max_frames: a.max_frames,
+        max_attempts: a.max_attempts.max(1),
+        max_upload: a.max_upload_mib.saturating_mul(1 << 20),
+        max_tiles: a.max_tiles,
+        health: tessera_coordinator::hardware::HealthLimits {
+            max_temp_c: a.max_gpu_temp,
+            max_ecc_per_day: a.max_ecc_per_day,
+        },
+        block_after: a.block_after.max(1),
+        auth: true,
+        max_message: usize::try_from(a.max_message_mib.clamp(2, 1024) << 20).unwrap_or(usize::MAX),
+        blob_grace_ms: match a.blob_grace {
+            Some(s) if s.is_finite() && s >= 0.0 => (s * 1000.0) as u64,
+            Some(s) => bail!("--blob-grace {s} is not a number of seconds; use 0 or more"),
+            None => (a.lease_ttl * 2000.0) as u64,
+        },
+        max_pixels: a.max_pixels,
+        max_workers_per_token: a.max_workers_per_token.max(1),
+        max_slots: a.max_slots.max(1),
+        keep_ms: match a.keep_days {
+            Some(d) if d.is_finite() && d >= 0.0 => Some((d * 86_400_000.0) as u64),
+            Some(d) => bail!("--keep-days {d} is not a number of days; use 0 or more"),
+            None => None,
+        },
+    })
+}
+
+pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
+    let config = coordinator_config(&args)?;
+    let mut coord = tessera_coordinator::Coordinator::open(&args.data, config)
+        .with_context(|| format!("cannot open the data directory {}", args.data.display()))?;
+    if let Some(path) = coord.admin_token_path() {
+        eprintln!(
+            "created the admin token: {} (keep it secret; `tessera users add` makes more)",
+            path.display()
+        );
+    }
+    match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            let cert =
+                std::fs::read(cert).with_context(|| format!("cannot read {}", cert.display()))?;
+            let key =
+                std::fs::read(key).with_context(|| format!("cannot read {}", key.display()))?;
+            coord = coord.with_tls(cert, key);
+        }
+        (None, None) => {}
+        _ => bail!("give both --tls-cert and --tls-key, or neither"),
+    }
+    let listener = TcpListener::bind(&args.listen).await.with_context(|| {
+        format!(
+            "cannot listen on {}; is another coordinator running there? pick another --listen",
+            args.listen
+        )
+    })?;
+    let addr = listener.local_addr()?;
+    if !addr.ip().is_loopback() && args.tls_cert.is_none() && !args.allow_plaintext {
+        bail!(
+            "{addr} is reachable from other machines and tokens would travel in plain text; give --tls-cert and --tls-key, or pass --allow-plaintext on a trusted network"
+        );
+    }
+    let http = match &args.http {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .with_context(|| format!("cannot listen on {a} for HTTP; pick another --http"))?,
+        ),
+        None => None,
+    };
+    if let Some(h) = &http {
+        let h = h.local_addr()?;
+        // With --tls-cert the HTTP port serves HTTPS; without, the same rule
+        // as gRPC: plain text only on loopback.
+        if !h.ip().is_loopback() && args.tls_cert.is_none() && !args.allow_plaintext {
+            bail!(
+                "--http {h} is reachable from other machines and would serve plain HTTP, so tokens would travel unencrypted; give --tls-cert and --tls-key (the port then serves HTTPS), bind it to loopback, or pass --allow-plaintext on a trusted network"
+            );
+        }
+    }
+    // Scripts and tests read these lines to learn the ports when they end in :0.
+    println!("tessera coordinator listening on {addr}");
+    if let Some(h) = &http {
+        let scheme = if args.tls_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let h = h.local_addr()?;
+        println!("tessera coordinator metrics on {scheme}://{h}/metrics");
+        eprintln!("dashboard: {scheme}://{h}/ (sign in with a token; JSON API under /api/v1/)");
+    }
+    coord.serve(listener, http, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// Reads a worker token from `path` (`-`: standard input).
+fn read_token_file(path: &std::path::Path) -> Result<String> {
+    let text = if path == std::path::Path::new("-") {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+            .context("cannot read the token from standard input")?;
+        s
+    } else {
+        std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the token file {}", path.display()))?
+    };
+    let token = text.trim().to_string();
+    if token.is_empty() {
+        bail!(
+            "the token file {} is empty; put a worker token in it (`tessera users add NAME --role worker` prints one)",
+            path.display()
+        );
+    }
+    Ok(token)
+}
+
+pub async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
+    let mut url = url.clone();
+    if let Some(path) = &args.token_file {
+        url.token = Some(read_token_file(path)?);
+    } else if std::env::args().any(|a| a == "--token" || a.starts_with("--token=")) {
+        tracing::warn!("the token is on the command line, where any process on this machine can read it (/proc/PID/cmdline); use --token-file");
+    }
+    let url = &url;
+    let (version, mut features) = blender_caps(&args.blender).await?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let choice =
+        tessera_worker::slots::DeviceChoice::parse(&args.device).map_err(anyhow::Error::msg)?;
+    let probe = std::sync::Arc::new(tessera_worker::gpu::Hardware::probe());
+    for note in probe.notes() {
+        tracing::info!("hardware: {note}");
+    }
+    let mut gpus: Vec<tessera_worker::gpu::GpuInfo> = probe.gpus().to_vec();
+    let probed = gpus.len();
+    for (i, d) in args.fake_gpu.iter().enumerate() {
+        let declared: tessera_worker::slots::DeclaredGpu = d.parse().map_err(anyhow::Error::msg)?;
+        gpus.push(declared.info((probed + i) as u32));
+    }
+    for g in &gpus {
+        tracing::info!(index = g.index, vendor = %g.vendor, kind = %g.device_type, memory_mib = g.memory_bytes >> 20, uuid = %g.uuid, "GPU: {}", g.name);
+    }
+    let declared: Vec<bool> = (0..gpus.len()).map(|i| i >= probed).collect();
+    let plans = tessera_worker::slots::plan(&gpus, &declared, choice, args.slots)
+        .map_err(anyhow::Error::msg)?;
+    for p in &plans {
+        tracing::info!(slot = p.slot, device = p.device.name(), gpu = ?p.gpu, "slot");
+    }
+    // OptiX's denoiser runs where OptiX does.
+    if plans
+        .iter()
+        .any(|p| p.device == tessera_worker::blender::Device::Optix)
+    {
+        features.push(tessera_worker::capabilities::feature::OPTIX_DENOISE.to_string());
+    }
+    for t in &args.tag {
+        if t.is_empty()
+            || t.len() > 64
+            || !t
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            bail!("tag `{t}` is not a tag; use up to 64 letters, digits, `-`, `_` or `.`");
+        }
+    }
+    if !(args.telemetry_interval.is_finite() && args.telemetry_interval >= 0.1) {
+        bail!(
+            "--telemetry-interval {} is too short; use 0.1 seconds or more",
+            args.telemetry_interval
+        );
+    }
+    let slots = plans.len() as u32;
+    let hardware = tessera_worker::agent::HardwareConfig {
+        gpus,
+        probed,
+        probe: Some(probe.clone()),
+        declared_telemetry: args.fake_telemetry.clone(),
+        interval: std::time::Duration::from_secs_f64(args.telemetry_interval),
+        notes: probe.notes().to_vec(),
+    };
+    let name = args.name.unwrap_or_else(|| {
+        std::fs::read_to_string("/etc/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "worker".into())
+    });
+    let config = tessera_worker::agent::WorkerConfig {
+        access: url.clone(),
+        name,
+        cache: args.cache,
+        slots: plans,
+        blender_version: version.clone(),
+        blender_features: features,
+        threads: args.threads.or(Some((cores / slots).max(1))),
+        hardware,
+        tags: args.tag.clone(),
+        cache_max_bytes: (args.cache_max_gib.max(0.0) * (1u64 << 30) as f64) as u64,
+        path_map: args
+            .path_map
+            .iter()
+            .map(|m| match m.split_once('=') {
+                Some((from, to)) if from.starts_with('/') && !to.is_empty() => {
+                    Ok((from.to_string(), std::path::PathBuf::from(to)))
+                }
+                _ => bail!("--path-map {m} is not PREFIX=LOCAL; use e.g. --path-map /mnt/projects=/net/projects"),
+            })
+            .collect::<Result<_>>()?,
+        grace: grace(args.grace)?,
+        fail_first_render: args.fail_first_render,
+    };
+    tracing::info!(blender = %version, slots, "worker starting");
+    let mode = render_mode(args.fresh_process, args.session_idle)?;
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down: releasing tasks in flight");
+        let _ = tx.send(true);
+    });
+    tessera_worker::agent::run_blender(config, args.blender, mode, rx).await?;
+    Ok(())
+}
+
+/// The shutdown grace period, from the command line.
+fn grace(secs: f64) -> Result<std::time::Duration> {
+    if !(secs.is_finite() && secs >= 0.0) {
+        bail!("--grace {secs} is not a duration; give seconds, e.g. 30");
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
+}
+
+/// Fresh processes or warm sessions, from the command line.
+pub fn render_mode(fresh: bool, idle_s: f64) -> Result<tessera_worker::agent::RenderMode> {
+    use tessera_worker::agent::RenderMode;
+    if fresh {
+        return Ok(RenderMode::FreshProcess);
+    }
+    if !(idle_s.is_finite() && idle_s > 0.0) {
+        bail!("--session-idle {idle_s} is not a duration; give seconds, e.g. 60");
+    }
+    Ok(RenderMode::Sessions {
+        idle: std::time::Duration::from_secs_f64(idle_s),
+    })
+}
