@@ -102,8 +102,11 @@ pub struct Job {
     /// Frame height in pixels.
     #[serde(default)]
     pub height: u32,
-    /// Frames assembled from their tiles, by frame number.
-    #[serde(default)]
+    /// Frames assembled from their tiles, by frame number. Stored as one
+    /// record per frame ([`crate::store::Record::Stitched`]), not inside the
+    /// job's record, so a stitch writes one frame, not all of them; read
+    /// here from records written before that.
+    #[serde(default, skip_serializing)]
     pub stitched: Vec<FrameOutput>,
     /// What a slot needs to render it.
     #[serde(default)]

@@ -43,6 +43,8 @@ pub enum Record<'a> {
     Delete(JobId),
     /// Job ids below this one are spent, even if their job never landed.
     NextJob(u64),
+    /// A frame of a tiled job, stitched.
+    Stitched(JobId, &'a crate::task::FrameOutput),
 }
 
 /// A summary of an archived job, kept in memory.
@@ -143,6 +145,7 @@ pub struct SledStore {
     archive: sled::Tree,
     archive_outputs: sled::Tree,
     meta: sled::Tree,
+    stitched: sled::Tree,
     /// sled's log file, synced after every flush.
     log: std::fs::File,
     /// sled's directory of large values, and those already synced.
@@ -179,6 +182,7 @@ impl SledStore {
             archive: db.open_tree("archive")?,
             archive_outputs: db.open_tree("archive_outputs")?,
             meta: db.open_tree("meta")?,
+            stitched: db.open_tree("stitched")?,
             log,
             value_dir: path.join("blobs"),
             synced_values: Default::default(),
@@ -229,6 +233,7 @@ impl MetaStore for SledStore {
             snap.archived.insert(a.summary.job.id, a);
         }
         snap.next_job = self.next_job()?;
+        self.load_stitched(&mut snap.jobs)?;
         Ok(snap)
     }
 
@@ -258,6 +263,14 @@ impl MetaStore for SledStore {
             }
         }
         self.tasks.apply_batch(batch)?;
+        let mut frames = sled::Batch::default();
+        for item in self
+            .stitched
+            .range(task_key(id, 0)..=task_key(id, u32::MAX))
+        {
+            frames.remove(item?.0);
+        }
+        self.stitched.apply_batch(frames)?;
         tracing::debug!(job = %id, tasks = n, "task records purged");
         Ok(())
     }
@@ -265,7 +278,7 @@ impl MetaStore for SledStore {
     fn write(&self, records: &[Record<'_>]) -> Result<(), Error> {
         // (tree, key, value); a value of None deletes. Tree 0 = jobs, written
         // last (see `load`), 1 = tasks, 2 = workers, 3 = users, 4 = grants,
-        // 5 = archive, 6 = archive outputs, 7 = meta.
+        // 5 = archive, 6 = archive outputs, 7 = meta, 8 = stitched frames.
         let mut encoded: Vec<(u8, Vec<u8>, Option<Vec<u8>>)> = Vec::with_capacity(records.len());
         for r in records {
             let mut also: Vec<(u8, Vec<u8>, Option<Vec<u8>>)> = Vec::new();
@@ -294,6 +307,11 @@ impl MetaStore for SledStore {
                     let next = (*n).max(self.next_job()?);
                     (7, b"next_job".to_vec(), Some(next.to_be_bytes().to_vec()))
                 }
+                Record::Stitched(job, o) => (
+                    8,
+                    task_key(*job, o.frame).to_vec(),
+                    Some(serde_json::to_vec(o)?),
+                ),
                 Record::Delete(id) => {
                     let key = id.0.to_be_bytes().to_vec();
                     let next = (id.0 + 1).max(self.next_job()?);
@@ -325,6 +343,47 @@ impl MetaStore for SledStore {
 }
 
 impl SledStore {
+    /// Attaches each job's stitched frames; frames that an older record kept
+    /// inside its job are written as records of their own first.
+    fn load_stitched(&self, jobs: &mut BTreeMap<JobId, Job>) -> Result<(), Error> {
+        let mut batch = sled::Batch::default();
+        let mut moved = 0usize;
+        for job in jobs.values() {
+            for o in &job.stitched {
+                let key = task_key(job.id, o.frame);
+                if self.stitched.get(key)?.is_none() {
+                    batch.insert(&key, serde_json::to_vec(o)?);
+                    moved += 1;
+                }
+            }
+        }
+        if moved > 0 {
+            self.stitched.apply_batch(batch)?;
+            self.flush()?;
+            tracing::info!(
+                frames = moved,
+                "stitched frames moved into records of their own"
+            );
+        }
+        for job in jobs.values_mut() {
+            job.stitched.clear();
+        }
+        for item in self.stitched.iter() {
+            let (k, v) = item?;
+            let id =
+                JobId(u64::from_be_bytes(k[..8].try_into().map_err(|_| {
+                    Error::Store("corrupt stitched-frame key".into())
+                })?));
+            if let Some(job) = jobs.get_mut(&id) {
+                job.stitched.push(serde_json::from_slice(&v)?);
+            }
+        }
+        for job in jobs.values_mut() {
+            job.stitched.sort_by_key(|o| o.frame);
+        }
+        Ok(())
+    }
+
     /// The least id a new job may have, as last stored.
     fn next_job(&self) -> Result<u64, Error> {
         Ok(self
@@ -350,9 +409,10 @@ impl SledStore {
             &self.archive,
             &self.archive_outputs,
             &self.meta,
+            &self.stitched,
         )
             .transaction(
-                |(jobs, tasks, workers, users, grants, archive, outputs, meta)| {
+                |(jobs, tasks, workers, users, grants, archive, outputs, meta, stitched)| {
                     let ordered = encoded
                         .iter()
                         .filter(|e| e.0 != 0)
@@ -367,7 +427,8 @@ impl SledStore {
                             4 => grants,
                             5 => archive,
                             6 => outputs,
-                            _ => meta,
+                            7 => meta,
+                            _ => stitched,
                         };
                         let old = match value {
                             Some(v) => t.insert(key.as_slice(), v.as_slice())?,
@@ -446,6 +507,7 @@ struct Tables {
     archived: BTreeMap<JobId, ArchivedJob>,
     outputs: BTreeMap<JobId, Vec<crate::task::FrameOutput>>,
     next_job: u64,
+    stitched: BTreeMap<(JobId, u32), crate::task::FrameOutput>,
 }
 
 /// Metadata in memory, for unit tests.
@@ -480,6 +542,11 @@ impl MetaStore for MemoryStore {
                 snap.tasks.entry(*job).or_default().push(task.clone());
             }
         }
+        for ((job, _), o) in &inner.stitched {
+            if let Some(j) = snap.jobs.get_mut(job) {
+                j.stitched.push(o.clone());
+            }
+        }
         Ok(snap)
     }
 
@@ -495,6 +562,7 @@ impl MetaStore for MemoryStore {
     fn purge_tasks(&self, id: JobId) -> Result<(), Error> {
         let mut inner = self.inner.lock().unwrap();
         inner.tasks.retain(|(j, _), _| *j != id);
+        inner.stitched.retain(|(j, _), _| *j != id);
         Ok(())
     }
 
@@ -513,7 +581,10 @@ impl MetaStore for MemoryStore {
         for r in records {
             match r {
                 Record::Job(j) => {
-                    inner.jobs.insert(j.id, (*j).clone());
+                    // As stored: its stitched frames are records of their own.
+                    let mut j = (*j).clone();
+                    j.stitched.clear();
+                    inner.jobs.insert(j.id, j);
                 }
                 Record::Task(t) => {
                     inner.tasks.insert((t.job, t.index), (*t).clone());
@@ -540,6 +611,9 @@ impl MetaStore for MemoryStore {
                 }
                 Record::NextJob(n) => {
                     inner.next_job = inner.next_job.max(*n);
+                }
+                Record::Stitched(job, o) => {
+                    inner.stitched.insert((*job, o.frame), (*o).clone());
                 }
                 Record::Delete(id) => {
                     inner.jobs.remove(id);
@@ -584,6 +658,55 @@ mod tests {
             owner: String::new(),
             file_set: None,
             missing_files: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn stitched_frames_are_records_of_their_own_and_old_jobs_are_moved() {
+        let dir = tempfile::tempdir().unwrap();
+        let frame = |f: u32| crate::task::FrameOutput {
+            frame: f,
+            digest: Digest::of(format!("frame {f}").as_bytes()),
+            ext: "png".into(),
+            size: 7,
+            pass: String::new(),
+        };
+        {
+            let store = SledStore::open(&dir.path().join("db")).unwrap();
+            // A job written before stitched frames had records of their own.
+            let mut old = serde_json::to_value(job(3)).unwrap();
+            old["stitched"] = serde_json::to_value(vec![frame(1), frame(2)]).unwrap();
+            store
+                .jobs
+                .insert(3u64.to_be_bytes(), serde_json::to_vec(&old).unwrap())
+                .unwrap();
+            // A job of today: one record per stitched frame.
+            let mut j = job(4);
+            j.stitched = vec![frame(9)];
+            let bytes = serde_json::to_vec(&j).unwrap();
+            assert!(!String::from_utf8_lossy(&bytes).contains("stitched"));
+            store
+                .write(&[
+                    Record::Job(&j),
+                    Record::Stitched(j.id, &frame(9)),
+                    Record::Stitched(j.id, &frame(5)),
+                ])
+                .unwrap();
+        }
+        for _ in 0..2 {
+            let store = SledStore::open(&dir.path().join("db")).unwrap();
+            let snap = store.load().unwrap();
+            let frames = |id: u64| -> Vec<u32> {
+                snap.jobs[&JobId(id)]
+                    .stitched
+                    .iter()
+                    .map(|o| o.frame)
+                    .collect()
+            };
+            assert_eq!(frames(3), vec![1, 2], "moved from the old record");
+            assert_eq!(frames(4), vec![5, 9], "sorted by frame");
+            // Once moved, the old job's record is rewritten without them.
+            store.write(&[Record::Job(&snap.jobs[&JobId(3)])]).unwrap();
         }
     }
 

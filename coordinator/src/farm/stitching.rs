@@ -122,6 +122,7 @@ impl Farm {
             return Ok(());
         }
         let mut job = st.jobs[&id].clone();
+        let record = Owned::Stitched(id, out.clone());
         job.stitched.push(out);
         job.stitched.sort_by_key(|o| o.frame);
         if job.stitched.len() as u32 >= job.frame_count {
@@ -132,7 +133,7 @@ impl Farm {
         st.stitch_errors.remove(&(id, frame));
         // The frame now references its own blob; its tiles' references go,
         // and the collector deletes them after the grace period.
-        let ticket = self.save(&mut st, job, Vec::new(), Vec::new());
+        let ticket = self.save(&mut st, job, Vec::new(), vec![record]);
         drop(st);
         ticket.wait()
     }

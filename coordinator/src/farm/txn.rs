@@ -33,6 +33,7 @@ pub(super) enum Owned {
     Grant(String, Digest),
     Archive(Box<ArchivedJob>),
     Delete(JobId),
+    Stitched(JobId, FrameOutput),
 }
 
 impl Owned {
@@ -46,6 +47,7 @@ impl Owned {
             Owned::Grant(u, d) => Record::Grant(u, *d),
             Owned::Archive(a) => Record::Archive(a),
             Owned::Delete(id) => Record::Delete(*id),
+            Owned::Stitched(id, o) => Record::Stitched(*id, o),
         }
     }
 }
