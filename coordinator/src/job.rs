@@ -106,8 +106,10 @@ pub struct Job {
     /// record per frame ([`crate::store::Record::Stitched`]), not inside the
     /// job's record, so a stitch writes one frame, not all of them; read
     /// here from records written before that.
-    #[serde(default, skip_serializing)]
-    pub stitched: Vec<FrameOutput>,
+    /// Shared, so that copying a job (every lease and result does) costs
+    /// nothing for its frames.
+    #[serde(default, skip_serializing, deserialize_with = "shared_frames")]
+    pub stitched: std::sync::Arc<Vec<FrameOutput>>,
     /// What a slot needs to render it.
     #[serde(default)]
     pub requirements: Requirements,
@@ -225,6 +227,14 @@ impl Job {
     }
 }
 
+/// Reads stitched frames kept inside an older job record.
+fn shared_frames<'de, D>(d: D) -> Result<std::sync::Arc<Vec<FrameOutput>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    Vec::<FrameOutput>::deserialize(d).map(std::sync::Arc::new)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,7 +258,7 @@ mod tests {
             overscan: 0,
             width: 0,
             height: 0,
-            stitched: Vec::new(),
+            stitched: Default::default(),
             requirements: Requirements::default(),
             failures_by_worker: Default::default(),
             owner: String::new(),

@@ -67,7 +67,7 @@ pub fn task_refs<'a>(task: &'a Task, job: &Job) -> impl Iterator<Item = Digest> 
         && task
             .frames
             .first()
-            .is_some_and(|f| job.stitched.iter().any(|o| o.frame == *f));
+            .is_some_and(|f| job.stitched.binary_search_by_key(f, |o| o.frame).is_ok());
     let outputs = match &task.state {
         TaskState::Done { outputs } if !consumed => outputs.as_slice(),
         _ => &[],

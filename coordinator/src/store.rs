@@ -349,7 +349,7 @@ impl SledStore {
         let mut batch = sled::Batch::default();
         let mut moved = 0usize;
         for job in jobs.values() {
-            for o in &job.stitched {
+            for o in job.stitched.iter() {
                 let key = task_key(job.id, o.frame);
                 if self.stitched.get(key)?.is_none() {
                     batch.insert(&key, serde_json::to_vec(o)?);
@@ -365,21 +365,24 @@ impl SledStore {
                 "stitched frames moved into records of their own"
             );
         }
-        for job in jobs.values_mut() {
-            job.stitched.clear();
-        }
+        let mut frames: BTreeMap<JobId, Vec<crate::task::FrameOutput>> = BTreeMap::new();
         for item in self.stitched.iter() {
             let (k, v) = item?;
             let id =
                 JobId(u64::from_be_bytes(k[..8].try_into().map_err(|_| {
                     Error::Store("corrupt stitched-frame key".into())
                 })?));
-            if let Some(job) = jobs.get_mut(&id) {
-                job.stitched.push(serde_json::from_slice(&v)?);
+            if jobs.contains_key(&id) {
+                frames
+                    .entry(id)
+                    .or_default()
+                    .push(serde_json::from_slice(&v)?);
             }
         }
-        for job in jobs.values_mut() {
-            job.stitched.sort_by_key(|o| o.frame);
+        for (id, job) in jobs.iter_mut() {
+            let mut list = frames.remove(id).unwrap_or_default();
+            list.sort_by_key(|o| o.frame);
+            job.stitched = std::sync::Arc::new(list);
         }
         Ok(())
     }
@@ -544,7 +547,7 @@ impl MetaStore for MemoryStore {
         }
         for ((job, _), o) in &inner.stitched {
             if let Some(j) = snap.jobs.get_mut(job) {
-                j.stitched.push(o.clone());
+                std::sync::Arc::make_mut(&mut j.stitched).push(o.clone());
             }
         }
         Ok(snap)
@@ -583,7 +586,7 @@ impl MetaStore for MemoryStore {
                 Record::Job(j) => {
                     // As stored: its stitched frames are records of their own.
                     let mut j = (*j).clone();
-                    j.stitched.clear();
+                    j.stitched = Default::default();
                     inner.jobs.insert(j.id, j);
                 }
                 Record::Task(t) => {
@@ -652,7 +655,7 @@ mod tests {
             overscan: 0,
             width: 0,
             height: 0,
-            stitched: Vec::new(),
+            stitched: Default::default(),
             requirements: Default::default(),
             failures_by_worker: Default::default(),
             owner: String::new(),
@@ -682,7 +685,7 @@ mod tests {
                 .unwrap();
             // A job of today: one record per stitched frame.
             let mut j = job(4);
-            j.stitched = vec![frame(9)];
+            j.stitched = std::sync::Arc::new(vec![frame(9)]);
             let bytes = serde_json::to_vec(&j).unwrap();
             assert!(!String::from_utf8_lossy(&bytes).contains("stitched"));
             store

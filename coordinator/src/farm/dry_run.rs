@@ -42,7 +42,7 @@ impl Farm {
             overscan: plan.overscan,
             width: plan.width,
             height: plan.height,
-            stitched: Vec::new(),
+            stitched: Default::default(),
             requirements: plan.requirements,
             failures_by_worker: Default::default(),
             owner: sub.owner.clone(),

@@ -259,7 +259,7 @@ impl Farm {
             let tasks = &st.tasks[&id];
             let blobs = refs::all_refs(job, st.files_of(job), tasks);
             let mut summary_job = job.clone();
-            summary_job.stitched.clear();
+            summary_job.stitched = Default::default();
             let summary = ArchivedSummary {
                 job: summary_job,
                 counts: full.counts,

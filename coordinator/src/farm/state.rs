@@ -186,7 +186,7 @@ impl State {
                     .iter()
                     .map(|o| (o.frame, o.pass.as_str()))
                     .collect();
-                for o in &job.stitched {
+                for o in job.stitched.iter() {
                     if !before.contains(&(o.frame, o.pass.as_str())) {
                         added.push(o.digest);
                         newly_stitched.push(o.frame);

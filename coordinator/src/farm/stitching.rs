@@ -123,8 +123,10 @@ impl Farm {
         }
         let mut job = st.jobs[&id].clone();
         let record = Owned::Stitched(id, out.clone());
-        job.stitched.push(out);
-        job.stitched.sort_by_key(|o| o.frame);
+        // Copies the frame list once (the state's job still shares it).
+        let frames = std::sync::Arc::make_mut(&mut job.stitched);
+        let at = frames.partition_point(|o| o.frame < out.frame);
+        frames.insert(at, out);
         if job.stitched.len() as u32 >= job.frame_count {
             job.finish(now)?;
             tracing::info!(job = %id, "job done");

@@ -192,7 +192,7 @@ impl Farm {
             overscan,
             width,
             height,
-            stitched: Vec::new(),
+            stitched: Default::default(),
             requirements,
             failures_by_worker: Default::default(),
             owner: sub.owner.clone(),
