@@ -41,8 +41,6 @@ pub enum Record<'a> {
     /// Forgets a job, live or archived (its task records are then ignored,
     /// and purged).
     Delete(JobId),
-    /// Job ids below this one are spent, even if their job never landed.
-    NextJob(u64),
     /// A frame of a tiled job, stitched.
     Stitched(JobId, &'a crate::task::FrameOutput),
 }
@@ -302,10 +300,6 @@ impl MetaStore for SledStore {
                     also.push((6, key.clone(), Some(serde_json::to_vec(&a.outputs)?)));
                     also.push((5, key.clone(), Some(serde_json::to_vec(a)?)));
                     (0, key, None)
-                }
-                Record::NextJob(n) => {
-                    let next = (*n).max(self.next_job()?);
-                    (7, b"next_job".to_vec(), Some(next.to_be_bytes().to_vec()))
                 }
                 Record::Stitched(job, o) => (
                     8,
@@ -611,9 +605,6 @@ impl MetaStore for MemoryStore {
                     let mut kept = (*a).clone();
                     kept.outputs.clear();
                     inner.archived.insert(id, kept);
-                }
-                Record::NextJob(n) => {
-                    inner.next_job = inner.next_job.max(*n);
                 }
                 Record::Stitched(job, o) => {
                     inner.stitched.insert((*job, o.frame), (*o).clone());

@@ -621,3 +621,34 @@ pub fn submit(url: &str, scene: &Path, args: &[&str]) -> u64 {
         .parse()
         .expect("submit prints the job id")
 }
+
+/// Builds one of `blender/make_asset_scenes.py`'s cases under `dir`; returns the scene.
+pub fn asset_scene(dir: &Path, case: &str) -> PathBuf {
+    let out = dir.join(case);
+    let result = std::process::Command::new(blender())
+        .args([
+            "-b",
+            "--factory-startup",
+            "--python-exit-code",
+            "2",
+            "--python",
+        ])
+        .arg(root().join("blender/make_asset_scenes.py"))
+        .args(["--", "--dir"])
+        .arg(&out)
+        .args(["--case", case])
+        .output()
+        .expect("blender runs");
+    assert!(
+        result.status.success(),
+        "make_asset_scenes.py {case} failed:\n{}",
+        String::from_utf8_lossy(&result.stdout)
+    );
+    let scene = match case {
+        "absolute" => out.join("project/scene.blend"),
+        "library" | "linked-absolute" => out.join("shots/shot.blend"),
+        _ => out.join("scene.blend"),
+    };
+    assert!(scene.is_file(), "{}", scene.display());
+    scene
+}

@@ -93,29 +93,6 @@ fn addon_zip() -> PathBuf {
     .clone()
 }
 
-/// Builds a `blender/make_asset_scenes.py` case under `dir`; returns the scene.
-fn asset_scene(dir: &Path, case: &str) -> PathBuf {
-    let out = dir.join(case);
-    let result = Command::new(blender())
-        .args(["-b", "--factory-startup", "--python-exit-code", "2"])
-        .arg("--python")
-        .arg(root().join("blender/make_asset_scenes.py"))
-        .args(["--", "--dir"])
-        .arg(&out)
-        .args(["--case", case])
-        .output()
-        .expect("blender runs");
-    assert!(
-        result.status.success(),
-        "make_asset_scenes.py {case}: {}",
-        String::from_utf8_lossy(&result.stdout)
-    );
-    match case {
-        "library" => out.join("shots/shot.blend"),
-        _ => out.join("scene.blend"),
-    }
-}
-
 /// Runs `steps` in a headless Blender with the add-on installed afresh in a
 /// temporary user-scripts folder; returns drive.py's result and Blender's output.
 fn drive(scene: &Path, prefs: Value, steps: Value) -> (Value, String) {

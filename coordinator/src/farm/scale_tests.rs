@@ -136,8 +136,12 @@ async fn a_ready_task_wakes_one_parked_lease_call_not_all() {
     while f.farm.lock().waiters.len() < 3 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    f.farm.submit(sub(f.scene, "1", 1)).unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let job = f.farm.submit(sub(f.scene, "1", 1)).unwrap();
+    // Waking happens as the task becomes ready; once it is leased, whoever
+    // was going to be woken has been.
+    while f.farm.job(job).unwrap().counts.leased == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     assert_eq!(
         f.farm.lock().waiters.len(),
         2,
@@ -184,13 +188,7 @@ fn an_archived_job_keeps_its_summary_and_frames_and_a_deleted_one_frees_them() {
     f.farm.collect_garbage();
     assert!(outputs.iter().all(|o| f.blobs.contains(&o.digest)));
     // A restart keeps it archived.
-    let again = Farm::open(
-        f.store.clone(),
-        f.blobs.clone(),
-        f.clock.clone(),
-        f.farm.config().clone(),
-    )
-    .unwrap();
+    let again = f.reopen();
     assert!(again.job_page(job, Page::SUMMARY).unwrap().archived);
     again.collect_garbage();
     assert!(outputs.iter().all(|o| f.blobs.contains(&o.digest)));
@@ -231,13 +229,7 @@ fn untouched_tasks_are_rebuilt_from_their_job_and_stored_ones_laid_over_them() {
     }
     let held = f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
     let before = (f.farm.job(whole).unwrap(), f.farm.job(tiled).unwrap());
-    let again = Farm::open(
-        f.store.clone(),
-        f.blobs.clone(),
-        f.clock.clone(),
-        f.farm.config().clone(),
-    )
-    .unwrap();
+    let again = f.reopen();
     for b in [before.0, before.1] {
         let a = again.job(b.job.id).unwrap();
         let strip = |t: &[Task]| -> Vec<Task> {

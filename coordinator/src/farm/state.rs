@@ -210,7 +210,7 @@ impl State {
             if let Some(old) = old {
                 let oj = old_job.as_ref().unwrap_or(&job);
                 released.extend(refs::task_refs(old, oj));
-                unindex(index, &mut self.held, old, job.is_tiled());
+                index_task(index, &mut self.held, old, job.is_tiled(), false);
             }
             added.extend(refs::task_refs(&t, &job));
             if t.state == TaskState::Queued && old.is_none_or(|o| o.state != TaskState::Queued) {
@@ -219,7 +219,7 @@ impl State {
             if let TaskState::Leased { expires_ms, .. } = t.state {
                 self.deadlines.push(Reverse((expires_ms, id, t.index)));
             }
-            reindex(index, &mut self.held, &t, job.is_tiled());
+            index_task(index, &mut self.held, &t, job.is_tiled(), true);
             match list.get_mut(i) {
                 Some(slot) => *slot = t,
                 None => list.push(t),
@@ -424,66 +424,47 @@ fn frame_tasks(tasks: &[Task], frame: u32) -> impl Iterator<Item = &Task> {
         .take_while(move |t| t.frames[0] == frame)
 }
 
-/// Takes `t` out of its job's indexes.
-fn unindex(
+/// Puts `t` in its job's indexes (`add`), or takes it out.
+fn index_task(
     index: &mut JobIndex,
     held: &mut HashMap<WorkerId, BTreeSet<(JobId, u32)>>,
     t: &Task,
     tiled: bool,
+    add: bool,
 ) {
+    let step = |n: &mut u32, by: u32| {
+        *n = if add { *n + by } else { *n - by };
+    };
     let c = &mut index.counts;
     match &t.state {
         TaskState::Queued => {
-            c.queued -= 1;
-            index.ready.remove(&t.index);
+            step(&mut c.queued, 1);
+            if add {
+                index.ready.insert(t.index);
+            } else {
+                index.ready.remove(&t.index);
+            }
         }
         TaskState::Leased { worker, .. } => {
-            c.leased -= 1;
-            index.leased.remove(&t.index);
-            if let Some(set) = held.get_mut(worker) {
-                set.remove(&(t.job, t.index));
+            step(&mut c.leased, 1);
+            let mine = held.entry(worker.clone()).or_default();
+            if add {
+                index.leased.insert(t.index);
+                mine.insert((t.job, t.index));
+            } else {
+                index.leased.remove(&t.index);
+                mine.remove(&(t.job, t.index));
             }
         }
         TaskState::Done { outputs } => {
-            c.done -= 1;
+            step(&mut c.done, 1);
             if !tiled {
-                c.outputs -= outputs.len() as u32;
-                c.frames_done -= outputs.iter().filter(|o| o.pass.is_empty()).count() as u32;
+                step(&mut c.outputs, outputs.len() as u32);
+                let frames = outputs.iter().filter(|o| o.pass.is_empty()).count();
+                step(&mut c.frames_done, frames as u32);
             }
         }
-        TaskState::Failed { .. } => c.failed -= 1,
-        TaskState::Canceled => c.canceled -= 1,
-    }
-}
-
-/// Puts `t` in its job's indexes.
-fn reindex(
-    index: &mut JobIndex,
-    held: &mut HashMap<WorkerId, BTreeSet<(JobId, u32)>>,
-    t: &Task,
-    tiled: bool,
-) {
-    let c = &mut index.counts;
-    match &t.state {
-        TaskState::Queued => {
-            c.queued += 1;
-            index.ready.insert(t.index);
-        }
-        TaskState::Leased { worker, .. } => {
-            c.leased += 1;
-            index.leased.insert(t.index);
-            held.entry(worker.clone())
-                .or_default()
-                .insert((t.job, t.index));
-        }
-        TaskState::Done { outputs } => {
-            c.done += 1;
-            if !tiled {
-                c.outputs += outputs.len() as u32;
-                c.frames_done += outputs.iter().filter(|o| o.pass.is_empty()).count() as u32;
-            }
-        }
-        TaskState::Failed { .. } => c.failed += 1,
-        TaskState::Canceled => c.canceled += 1,
+        TaskState::Failed { .. } => step(&mut c.failed, 1),
+        TaskState::Canceled => step(&mut c.canceled, 1),
     }
 }

@@ -30,6 +30,19 @@ pub(super) fn fixture() -> Fixture {
     }
 }
 
+impl Fixture {
+    /// A second farm on the same store and blobs, as after a restart.
+    pub(super) fn reopen(&self) -> Farm {
+        Farm::open(
+            self.store.clone(),
+            self.blobs.clone(),
+            self.clock.clone(),
+            self.farm.config().clone(),
+        )
+        .unwrap()
+    }
+}
+
 pub(super) fn config() -> Config {
     Config {
         lease_ttl_ms: 1000,
@@ -115,7 +128,7 @@ fn a_job_is_split_into_chunks_and_completes() {
     let snap = f.farm.job(job).unwrap();
     assert_eq!(snap.job.state, JobState::Done);
     assert_eq!(
-        snap.outputs().iter().map(|o| o.frame).collect::<Vec<_>>(),
+        snap.outputs.iter().map(|o| o.frame).collect::<Vec<_>>(),
         vec![1, 2, 3, 4, 5]
     );
 }
@@ -254,7 +267,7 @@ fn a_restart_recovers_jobs_tasks_and_leases() {
     let again = Farm::open(f.store.clone(), f.blobs.clone(), f.clock.clone(), config()).unwrap();
     let snap = again.job(job).unwrap();
     assert_eq!(snap.job.state, JobState::Running);
-    assert_eq!(snap.outputs().len(), 1);
+    assert_eq!(snap.outputs.len(), 1);
     assert_eq!(snap.tasks[1].holder(), Some(&w));
     // The holder can still finish its task after the restart.
     again.complete(held.lease, vec![output(&f, 2)]).unwrap();

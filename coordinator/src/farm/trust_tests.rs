@@ -166,7 +166,7 @@ fn a_tile_shared_by_two_frames_is_kept_until_no_frame_needs_it() {
     f.clock.advance(2001);
     assert_eq!(f.farm.collect_garbage(), 1);
     assert!(!f.blobs.contains(&shared));
-    for o in snap.outputs() {
+    for o in &snap.outputs {
         assert!(
             f.blobs.contains(&o.digest),
             "stitched frame {} is kept",
@@ -480,7 +480,7 @@ fn extra_passes_are_kept_with_their_frame() {
     f.farm.complete(l.lease, vec![frame, pass.clone()]).unwrap();
     let snap = f.farm.job(job).unwrap();
     assert_eq!(snap.job.state, JobState::Done);
-    assert!(snap.outputs().contains(&pass));
+    assert!(snap.outputs.contains(&pass));
 }
 
 #[test]

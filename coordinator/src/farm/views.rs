@@ -104,13 +104,6 @@ pub struct JobSnapshot {
     pub archived: bool,
 }
 
-impl JobSnapshot {
-    /// The outputs of the page (the frames rendered, for `Page::ALL`).
-    pub fn outputs(&self) -> Vec<FrameOutput> {
-        self.outputs.clone()
-    }
-}
-
 /// The view of `job` (whose tasks are `tasks`, indexed by `index`) with
 /// `page`: counts come from the index; only the page is copied.
 pub(super) fn snapshot(
