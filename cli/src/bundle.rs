@@ -256,6 +256,9 @@ pub async fn submit(c: &mut Client, dir: &Path, args: &JobArgs) -> Result<u64> {
         } else {
             job.features
         },
+        after: args.after.clone(),
+        max_cost: args.max_cost,
+        capacity: args.capacity.clone(),
     };
     Ok(c.farm
         .submit_job(spec)

@@ -217,7 +217,63 @@ pub async fn run(cli: Cli) -> Result<()> {
             eprintln!("job {job} resumed");
             Ok(())
         }
-        Command::Retry { job } => {
+        Command::Retry {
+            job,
+            frames: Some(frames),
+        } => {
+            let mut c = Client::new(&url)?;
+            let r = c
+                .farm
+                .retry_frames(pb::RetryFramesRequest {
+                    job_id: job,
+                    frames,
+                })
+                .await
+                .map_err(|s| c.explain(s))?
+                .into_inner();
+            eprintln!(
+                "job {job}: {} frame(s) to render again ({})",
+                r.frames.len(),
+                crate::show::compact_frames(&r.frames)
+            );
+            Ok(())
+        }
+        Command::Update {
+            job,
+            after,
+            no_after,
+            max_cost,
+            no_max_cost,
+        } => {
+            if after.is_empty() && !no_after && max_cost.is_none() && !no_max_cost {
+                bail!("nothing to change; give --after, --no-after, --max-cost or --no-max-cost");
+            }
+            let mut c = Client::new(&url)?;
+            let j = c
+                .farm
+                .update_job(pb::UpdateJobRequest {
+                    job_id: job,
+                    set_after: !after.is_empty() || no_after,
+                    after,
+                    max_cost,
+                    clear_max_cost: no_max_cost,
+                })
+                .await
+                .map_err(|s| c.explain(s))?
+                .into_inner();
+            let deps: Vec<String> = j.after.iter().map(u64::to_string).collect();
+            eprintln!(
+                "job {job} updated: waits for {}; budget {}",
+                if deps.is_empty() {
+                    "no job".to_string()
+                } else {
+                    format!("job(s) {}", deps.join(", "))
+                },
+                j.max_cost.map_or("none".to_string(), |m| format!("{m:.2}"))
+            );
+            Ok(())
+        }
+        Command::Retry { job, frames: None } => {
             let mut c = Client::new(&url)?;
             let j = c
                 .farm
@@ -497,6 +553,9 @@ pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Re
         tags: job.tag.clone(),
         file_set_digest: file_set.unwrap_or_default(),
         features: prepared.features.clone(),
+        after: job.after.clone(),
+        max_cost: job.max_cost,
+        capacity: job.capacity.clone(),
     };
     let id = c
         .farm

@@ -86,10 +86,31 @@ enum Command {
         /// The job id.
         job: u64,
     },
-    /// Re-queue the failed and canceled tasks of a failed or canceled job.
+    /// Re-queue the failed and canceled tasks of a failed or canceled job,
+    /// or with --frames render those frames of any job again.
     Retry {
         /// The job id.
         job: u64,
+        /// Render only these frames again (`10-20`, `3,7`), even of a done job.
+        #[arg(long)]
+        frames: Option<String>,
+    },
+    /// Change a job's dependencies (before it starts) or its budget.
+    Update {
+        /// The job id.
+        job: u64,
+        /// Wait for this job to be done (repeatable; replaces the job's list).
+        #[arg(long, conflicts_with = "no_after")]
+        after: Vec<u64>,
+        /// Wait for no job any more.
+        #[arg(long)]
+        no_after: bool,
+        /// The most the job may cost; a job paused at its budget resumes with `tessera resume`.
+        #[arg(long, conflicts_with = "no_max_cost")]
+        max_cost: Option<f64>,
+        /// Remove the job's budget.
+        #[arg(long)]
+        no_max_cost: bool,
     },
     /// Take a finished job out of the coordinator's memory; its summary and
     /// frames stay (`jobs --archived`, `fetch`).
@@ -238,6 +259,10 @@ struct CoordinatorArgs {
     /// Allow plain text on a non-loopback address (tokens travel unencrypted).
     #[arg(long)]
     allow_plaintext: bool,
+    /// The autoscaling signal `tessera_desired_slots` asks for enough slots to
+    /// finish the queued work within this many minutes.
+    #[arg(long, default_value_t = 30.0)]
+    target_drain_minutes: f64,
 }
 
 #[derive(Args, Debug)]
@@ -300,6 +325,14 @@ struct WorkerArgs {
     /// driver would, so tests can check that a failed session is never used again.
     #[arg(long, hide = true)]
     fail_first_render: bool,
+    /// What this whole machine costs per hour (any currency); each slot is
+    /// charged an equal share for the time it renders.
+    #[arg(long, default_value_t = 0.0)]
+    price_per_hour: f64,
+    /// How this machine is bought. Spot workers release their renders at once on SIGTERM
+    /// and serve only jobs that accept spot capacity.
+    #[arg(long, default_value = "on-demand", value_parser = ["on-demand", "spot", "reserved"])]
+    capacity: String,
 }
 
 /// What a job asks for; shared by `submit` and `render`.
@@ -350,6 +383,15 @@ struct JobArgs {
     /// are not uploaded; each worker reaches them through its `--path-map`.
     #[arg(long)]
     shared: Vec<PathBuf>,
+    /// Start only after this job is done (repeatable); canceled if it fails or is canceled.
+    #[arg(long)]
+    after: Vec<u64>,
+    /// The most this job may cost (workers' --price-per-hour); it pauses when reached.
+    #[arg(long)]
+    max_cost: Option<f64>,
+    /// Which workers may render it: spot-ok (any) or on-demand-only (never preempted).
+    #[arg(long, default_value = "spot-ok", value_parser = ["spot-ok", "on-demand-only"])]
+    capacity: String,
 }
 
 #[derive(Args, Debug)]

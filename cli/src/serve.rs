@@ -42,6 +42,10 @@ pub fn coordinator_config(a: &CoordinatorArgs) -> Result<tessera_coordinator::Co
             Some(d) => bail!("--keep-days {d} is not a number of days; use 0 or more"),
             None => None,
         },
+        target_drain_ms: match a.target_drain_minutes {
+            m if m.is_finite() && m >= 1.0 / 60.0 => (m * 60_000.0) as u64,
+            m => bail!("--target-drain-minutes {m} is not a duration; use minutes, e.g. 30"),
+        },
     })
 }
 
@@ -222,8 +226,15 @@ pub async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
                 _ => bail!("--path-map {m} is not PREFIX=LOCAL; use e.g. --path-map /mnt/projects=/net/projects"),
             })
             .collect::<Result<_>>()?,
-        grace: grace(args.grace)?,
+        grace: if args.capacity == "spot" && args.grace > 0.0 {
+            tracing::warn!("--capacity spot: renders are released at once on SIGTERM; --grace is ignored");
+            std::time::Duration::ZERO
+        } else {
+            grace(args.grace)?
+        },
         fail_first_render: args.fail_first_render,
+        price_per_hour: price(args.price_per_hour)?,
+        capacity: args.capacity.clone(),
     };
     tracing::info!(blender = %version, slots, "worker starting");
     let mode = render_mode(args.fresh_process, args.session_idle)?;
@@ -235,6 +246,11 @@ pub async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
     });
     tessera_worker::agent::run_blender(config, args.blender, mode, rx).await?;
     Ok(())
+}
+
+/// The price per hour, from the command line.
+fn price(p: f64) -> Result<f64> {
+    tessera_coordinator::usage::check_price(p).map_err(|e| anyhow::anyhow!("--price-per-hour: {e}"))
 }
 
 /// The shutdown grace period, from the command line.

@@ -52,6 +52,8 @@ pub fn jobs(jobs: &[pb::JobView]) {
                 j.id.to_string(),
                 if j.archived {
                     format!("{} (archived)", job_state(j.state))
+                } else if j.waiting_for != 0 {
+                    format!("waiting for {}", j.waiting_for)
                 } else {
                     job_state(j.state)
                 },
@@ -59,6 +61,9 @@ pub fn jobs(jobs: &[pb::JobView]) {
                 j.frames.clone(),
                 j.priority.to_string(),
                 j.scene_name.clone(),
+                j.usage
+                    .as_ref()
+                    .map_or(String::new(), |u| format!("{:.2}", u.cost)),
                 age(j.created_ms),
             ]
         })
@@ -71,6 +76,7 @@ pub fn jobs(jobs: &[pb::JobView]) {
             "FRAMES",
             "PRIO",
             "SCENE",
+            "COST",
             "SUBMITTED",
         ],
         rows,
@@ -122,6 +128,38 @@ pub fn job(j: &pb::JobView) {
             j.min_vram_gb,
             j.tags.join(", ")
         );
+    }
+    if !j.after.is_empty() {
+        let deps: Vec<String> = j.after.iter().map(u64::to_string).collect();
+        println!(
+            "  after     job(s) {} (starts when they are done)",
+            deps.join(", ")
+        );
+    }
+    if let Some(u) = &j.usage {
+        println!(
+            "  cost      {:.4} ({:.4} GPU-hours, {:.4} CPU-hours){}",
+            u.cost,
+            u.gpu_hours,
+            u.cpu_hours,
+            j.max_cost
+                .map_or(String::new(), |m| format!("; budget {m:.2}"))
+        );
+        if u.failed_cost > 0.0 || u.failed_hours > 0.0 {
+            println!(
+                "            of which failed attempts {:.4} ({:.4} h)",
+                u.failed_cost, u.failed_hours
+            );
+        }
+        if u.preempted_cost > 0.0 || u.preempted_hours > 0.0 {
+            println!(
+                "            of which preempted attempts {:.4} ({:.4} h)",
+                u.preempted_cost, u.preempted_hours
+            );
+        }
+    }
+    if j.capacity == "on-demand-only" {
+        println!("  capacity  on-demand and reserved workers only");
     }
     if !j.waiting.is_empty() {
         println!("  {}", j.waiting);
@@ -185,6 +223,7 @@ pub fn job(j: &pb::JobView) {
                 t.worker_id.clone(),
                 progress,
                 t.attempts.to_string(),
+                slot_time(t),
                 first_line,
             ]
         })
@@ -197,6 +236,7 @@ pub fn job(j: &pb::JobView) {
             "WORKER",
             "PROGRESS",
             "FAILURES",
+            "SLOT TIME, COST",
             "LAST ERROR",
         ],
         rows,
@@ -220,6 +260,11 @@ pub fn workers(workers: &[pb::WorkerView]) {
                 w.name.clone(),
                 w.state.clone(),
                 format!("{}/{}", w.tasks_running, w.slots),
+                if w.price_per_hour > 0.0 {
+                    format!("{} {:.2}/h", w.capacity, w.price_per_hour)
+                } else {
+                    w.capacity.clone()
+                },
                 w.tasks_done.to_string(),
                 w.tasks_failed.to_string(),
                 w.device.clone(),
@@ -235,6 +280,7 @@ pub fn workers(workers: &[pb::WorkerView]) {
             "NAME",
             "STATE",
             "BUSY",
+            "CAPACITY",
             "DONE",
             "FAILED",
             "DEVICE",
@@ -353,4 +399,35 @@ pub fn deps(
         println!("maps {from} -> {to}");
     }
     Ok(())
+}
+
+/// Frame numbers in compact form: `1-5,9,12-13`.
+pub fn compact_frames(frames: &[u32]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < frames.len() {
+        let start = frames[i];
+        let mut end = start;
+        while i + 1 < frames.len() && frames[i + 1] == end + 1 {
+            i += 1;
+            end = frames[i];
+        }
+        parts.push(if start == end {
+            start.to_string()
+        } else {
+            format!("{start}-{end}")
+        });
+        i += 1;
+    }
+    parts.join(",")
+}
+
+/// A task's slot-time and cost over its ended attempts.
+fn slot_time(t: &pb::TaskView) -> String {
+    if t.attempt_log.is_empty() {
+        return String::new();
+    }
+    let secs: f64 = t.attempt_log.iter().map(|a| a.seconds).sum();
+    let cost: f64 = t.attempt_log.iter().map(|a| a.cost).sum();
+    format!("{secs:.1}s {cost:.4}")
 }

@@ -44,13 +44,18 @@ impl TryFrom<pb::JobSpec> for Submission {
             },
             // Set from the caller's token by the handler, never from the message.
             owner: String::new(),
+            after: s.after,
+            max_cost: s.max_cost,
+            capacity: s.capacity.parse()?,
         })
     }
 }
 
-impl From<pb::WorkerInfo> for Registration {
-    fn from(w: pb::WorkerInfo) -> Self {
-        Self {
+impl TryFrom<pb::WorkerInfo> for Registration {
+    type Error = Error;
+
+    fn try_from(w: pb::WorkerInfo) -> Result<Self, Error> {
+        Ok(Self {
             name: w.name,
             slots: w.slots,
             device: w.device,
@@ -65,7 +70,9 @@ impl From<pb::WorkerInfo> for Registration {
             features: w.blender_features,
             // Set from the caller's token by the handler, never from the message.
             owner: String::new(),
-        }
+            price_per_hour: crate::usage::check_price(w.price_per_hour)?,
+            capacity: w.capacity.parse()?,
+        })
     }
 }
 
@@ -132,6 +139,7 @@ impl From<&JobSnapshot> for pb::JobView {
                 tile: t.tile.map(|tile| tile.index),
                 samples_done: t.samples_done,
                 samples_total: t.samples_total,
+                attempt_log: t.attempts.iter().map(Into::into).collect(),
             })
             .collect();
         let frame_tiles = s
@@ -184,6 +192,40 @@ impl From<&JobSnapshot> for pb::JobView {
             samples_done: c.samples_done,
             samples_total: c.samples_total,
             archived: s.archived,
+            after: j.after.iter().map(|a| a.0).collect(),
+            waiting_for: s.waiting_for.map_or(0, |j| j.0),
+            max_cost: j.max_cost,
+            capacity: j.capacity.name().into(),
+            usage: Some((&s.usage).into()),
+        }
+    }
+}
+
+impl From<&crate::usage::Attempt> for pb::AttemptView {
+    fn from(a: &crate::usage::Attempt) -> Self {
+        Self {
+            worker_id: a.worker.0.clone(),
+            grant: a.grant,
+            seconds: a.ms as f64 / 1000.0,
+            gpu: a.gpu,
+            price_per_hour: a.price_per_hour,
+            cost: a.cost(),
+            end: a.end.name().into(),
+        }
+    }
+}
+
+impl From<&crate::usage::Usage> for pb::JobUsage {
+    fn from(u: &crate::usage::Usage) -> Self {
+        let hours = |ms: u64| ms as f64 / 3_600_000.0;
+        Self {
+            gpu_hours: hours(u.gpu_ms),
+            cpu_hours: hours(u.cpu_ms),
+            cost: u.cost,
+            failed_hours: hours(u.failed_ms),
+            failed_cost: u.failed_cost,
+            preempted_hours: hours(u.preempted_ms),
+            preempted_cost: u.preempted_cost,
         }
     }
 }
@@ -236,6 +278,8 @@ impl From<&WorkerSnapshot> for pb::WorkerView {
             notes: r.notes.clone(),
             blender_features: r.features.clone(),
             tasks_in_hand: w.in_hand.iter().map(|(j, t)| format!("{j}.{t}")).collect(),
+            price_per_hour: r.price_per_hour,
+            capacity: r.capacity.name().into(),
         }
     }
 }

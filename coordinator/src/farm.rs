@@ -47,10 +47,13 @@ use state::State;
 use txn::Owned;
 
 mod access;
+mod accounting;
+mod autoscale;
 pub mod dry_run;
 mod gc;
 mod jobs;
 mod leases;
+mod pipeline;
 mod results;
 mod scheduler;
 mod state;
@@ -64,6 +67,8 @@ mod users;
 mod views;
 mod workers;
 
+pub use autoscale::DesiredSlots;
+pub use pipeline::JobUpdate;
 pub use results::PendingResult;
 pub use stats::{Stats, DURATION_BUCKETS};
 pub use txn::Ticket;
@@ -105,6 +110,9 @@ pub struct Config {
     /// Finished jobs are archived this long after they end (`--keep-days`);
     /// None keeps them live.
     pub keep_ms: Option<u64>,
+    /// How soon the queued work should be done, for the autoscaling signal
+    /// `tessera_desired_slots` (`--target-drain-minutes`).
+    pub target_drain_ms: u64,
 }
 
 impl Default for Config {
@@ -124,6 +132,7 @@ impl Default for Config {
             max_workers_per_token: 1024,
             max_slots: 256,
             keep_ms: None,
+            target_drain_ms: 30 * 60_000,
         }
     }
 }
@@ -161,6 +170,12 @@ pub struct Submission {
     pub file_set: Option<Digest>,
     /// Blender features the scene needs.
     pub features: Vec<String>,
+    /// Jobs that must be done before it starts (`--after`).
+    pub after: Vec<u64>,
+    /// The most it may cost (`--max-cost`).
+    pub max_cost: Option<f64>,
+    /// Which worker capacity it accepts (`--capacity`).
+    pub capacity: crate::usage::CapacityPref,
 }
 
 /// Facts about a scene read with Blender by the submitter.
@@ -250,6 +265,10 @@ pub struct Registration {
     /// The user whose token registers it (set from the token, never from
     /// the message).
     pub owner: String,
+    /// What the whole machine costs per hour (`--price-per-hour`).
+    pub price_per_hour: f64,
+    /// How its capacity is bought (`--capacity`).
+    pub capacity: crate::usage::Capacity,
 }
 
 /// A worker as shown to users.
@@ -381,6 +400,8 @@ impl Farm {
     }
 }
 
+#[cfg(test)]
+mod pipeline_tests;
 #[cfg(test)]
 mod scale_tests;
 #[cfg(test)]

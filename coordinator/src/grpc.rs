@@ -358,6 +358,43 @@ impl pb::farm_server::Farm for FarmService {
         Ok(Response::new((&view).into()))
     }
 
+    async fn retry_frames(
+        &self,
+        req: Request<pb::RetryFramesRequest>,
+    ) -> Result<Response<pb::RetryFramesResponse>, Status> {
+        let who = who(&req)?;
+        let r = req.into_inner();
+        let id = crate::job::JobId(r.job_id);
+        self.farm.check_owner(id, &who)?;
+        let (view, frames) = blocking(&self.farm, move |f| f.retry_frames(id, &r.frames)).await?;
+        Ok(Response::new(pb::RetryFramesResponse {
+            job: Some((&view).into()),
+            frames,
+        }))
+    }
+
+    async fn update_job(
+        &self,
+        req: Request<pb::UpdateJobRequest>,
+    ) -> Result<Response<pb::JobView>, Status> {
+        let who = who(&req)?;
+        let r = req.into_inner();
+        let id = crate::job::JobId(r.job_id);
+        self.farm.check_owner(id, &who)?;
+        let update = crate::farm::JobUpdate {
+            after: r
+                .set_after
+                .then(|| r.after.iter().map(|a| crate::job::JobId(*a)).collect()),
+            max_cost: match (r.clear_max_cost, r.max_cost) {
+                (true, _) => Some(None),
+                (false, Some(m)) => Some(Some(m)),
+                (false, None) => None,
+            },
+        };
+        let view = blocking(&self.farm, move |f| f.update(id, Some(&who), update)).await?;
+        Ok(Response::new((&view).into()))
+    }
+
     async fn list_workers(
         &self,
         _req: Request<pb::ListWorkersRequest>,
@@ -416,7 +453,7 @@ impl pb::work_server::Work for WorkService {
         req: Request<pb::WorkerInfo>,
     ) -> Result<Response<pb::RegisterResponse>, Status> {
         let who = who(&req)?;
-        let mut reg: crate::farm::Registration = req.into_inner().into();
+        let mut reg: crate::farm::Registration = req.into_inner().try_into()?;
         reg.owner = who.name;
         let (id, ttl) = blocking(&self.farm, move |f| f.register(reg)).await?;
         Ok(Response::new(pb::RegisterResponse {
@@ -519,9 +556,11 @@ impl pb::work_server::Work for WorkService {
 
     async fn release(&self, req: Request<pb::ReleaseRequest>) -> Result<Response<pb::Ack>, Status> {
         let who = who(&req)?;
-        let lease = lease(&req.into_inner().lease_id)?;
+        let req = req.into_inner();
+        let lease = lease(&req.lease_id)?;
         self.farm.check_lease(&who, lease)?;
-        blocking(&self.farm, move |f| f.release(lease)).await?;
+        let preempted = req.preempted;
+        blocking(&self.farm, move |f| f.release(lease, preempted)).await?;
         Ok(Response::new(pb::Ack {}))
     }
 }

@@ -125,6 +125,18 @@ pub struct Job {
     /// Files the scene needs that were not submitted (`--allow-missing`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing_files: Vec<String>,
+    /// Jobs that must be done before this one starts (`--after`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<JobId>,
+    /// The most it may cost (`--max-cost`): it pauses when reached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost: Option<f64>,
+    /// Which worker capacity it accepts (`--capacity`).
+    #[serde(default)]
+    pub capacity: crate::usage::CapacityPref,
+    /// Whether a task was ever leased: jobs it waits for hold it only until then.
+    #[serde(default)]
+    pub started: bool,
 }
 
 fn whole() -> Grid {
@@ -140,11 +152,11 @@ impl Job {
     /// Queued -> Running, on the first lease. A no-op when already running.
     pub fn start(&mut self) -> Result<(), Error> {
         match self.state {
-            JobState::Queued => {
+            JobState::Queued | JobState::Running => {
                 self.state = JobState::Running;
+                self.started = true;
                 Ok(())
             }
-            JobState::Running => Ok(()),
             s => Err(self.illegal("start", s)),
         }
     }
@@ -179,7 +191,12 @@ impl Job {
     pub fn resume(&mut self) -> Result<(), Error> {
         match self.state {
             JobState::Paused => {
-                self.state = JobState::Running;
+                self.state = if self.started {
+                    JobState::Running
+                } else {
+                    JobState::Queued
+                };
+                self.message.clear();
                 Ok(())
             }
             s => Err(Error::Conflict(format!(
@@ -193,19 +210,30 @@ impl Job {
     /// Failed|Canceled -> Running, to render what is left again.
     pub fn retry(&mut self) -> Result<(), Error> {
         match self.state {
-            JobState::Failed | JobState::Canceled => {
-                self.state = JobState::Running;
-                self.message.clear();
-                self.finished_ms = None;
-                self.failures_by_worker.clear();
-                Ok(())
-            }
+            JobState::Failed | JobState::Canceled => self.reopen(),
             s => Err(Error::Conflict(format!(
                 "job {} is {}; only failed or canceled jobs can be retried",
                 self.id,
                 s.name()
             ))),
         }
+    }
+
+    /// Any state -> Running, to render some of its frames again
+    /// (`retry --frames`); a paused job stays paused.
+    pub fn rerun(&mut self) -> Result<(), Error> {
+        match self.state {
+            JobState::Paused | JobState::Queued | JobState::Running => Ok(()),
+            JobState::Done | JobState::Failed | JobState::Canceled => self.reopen(),
+        }
+    }
+
+    fn reopen(&mut self) -> Result<(), Error> {
+        self.state = JobState::Running;
+        self.message.clear();
+        self.finished_ms = None;
+        self.failures_by_worker.clear();
+        Ok(())
     }
 
     fn end(&mut self, to: JobState, message: String, now_ms: u64) -> Result<(), Error> {
@@ -264,6 +292,10 @@ mod tests {
             owner: String::new(),
             file_set: None,
             missing_files: Vec::new(),
+            after: Vec::new(),
+            max_cost: None,
+            capacity: Default::default(),
+            started: false,
         }
     }
 

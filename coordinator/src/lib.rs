@@ -49,6 +49,7 @@ pub mod stitch;
 pub mod store;
 pub mod task;
 pub mod tiles;
+pub mod usage;
 pub mod worker;
 
 pub use error::Error;

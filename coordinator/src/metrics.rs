@@ -158,17 +158,71 @@ pub fn render(farm: &Farm) -> String {
     let frames: u64 = jobs.iter().map(|j| u64::from(j.counts.frames_done)).sum();
     o.sample("tessera_frames_rendered_total", &[], frames as f64);
 
-    o.family("tessera_workers", "gauge", "Workers by state.");
-    for state in ["online", "draining", "offline"] {
+    o.family(
+        "tessera_workers",
+        "gauge",
+        "Workers by state: idle and busy (holding a task) are online and take work; draining takes none.",
+    );
+    for state in ["idle", "busy", "draining", "offline"] {
         let n = workers
             .iter()
             .filter(|w| match state {
-                "online" => w.online && w.drain.is_none(),
+                "idle" => w.online && w.drain.is_none() && w.running == 0,
+                "busy" => w.online && w.drain.is_none() && w.running > 0,
                 "draining" => w.online && w.drain.is_some(),
                 _ => !w.online,
             })
             .count();
         o.sample("tessera_workers", &[("state", state)], n as f64);
+    }
+
+    o.family(
+        "tessera_desired_slots",
+        "gauge",
+        "Slots each requirement class needs to drain its queue within --target-drain-minutes (the autoscaling signal).",
+    );
+    for d in farm.desired_slots() {
+        let vram = format!("{}", d.min_vram_gb);
+        o.sample(
+            "tessera_desired_slots",
+            &[
+                ("device", &d.device),
+                ("min_vram_gb", &vram),
+                ("tags", &d.tags),
+            ],
+            d.slots as f64,
+        );
+    }
+    o.family(
+        "tessera_preemptions_total",
+        "counter",
+        "Leases handed back by preempted workers (no attempt charged).",
+    );
+    o.sample("tessera_preemptions_total", &[], stats.preemptions as f64);
+
+    type UsageValue = fn(&crate::usage::Usage) -> f64;
+    let usage_series: [(&str, &str, UsageValue); 3] = [
+        (
+            "tessera_job_cost_total",
+            "What each live job's attempts cost, failed and preempted ones included.",
+            |u| u.cost,
+        ),
+        (
+            "tessera_job_gpu_hours_total",
+            "GPU slot-hours of each live job's attempts.",
+            |u| u.gpu_ms as f64 / 3_600_000.0,
+        ),
+        (
+            "tessera_job_cpu_hours_total",
+            "CPU slot-hours of each live job's attempts.",
+            |u| u.cpu_ms as f64 / 3_600_000.0,
+        ),
+    ];
+    for (name, help, value) in usage_series {
+        o.family(name, "counter", help);
+        for j in &jobs {
+            o.sample(name, &[("job", &j.job.id.to_string())], value(&j.usage));
+        }
     }
 
     type GpuValue = fn(&crate::hardware::Gpu) -> Option<f64>;

@@ -121,6 +121,8 @@ impl Coordinator {
                     // Frames left in the stitch queue (a stitch that failed to
                     // read, a retry after a cancel) and blobs nothing references.
                     f.stitch_pending();
+                    // Jobs whose dependency failed, jobs at their budget.
+                    f.react();
                     f.collect_garbage();
                     // Finished jobs past --keep-days, twice a minute.
                     if let (Some(keep), 0) = (f.config().keep_ms, ticks % 60) {

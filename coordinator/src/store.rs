@@ -52,6 +52,9 @@ pub struct ArchivedSummary {
     pub job: Job,
     /// Its tasks by state when it was archived.
     pub counts: crate::farm::TaskCounts,
+    /// What its attempts cost.
+    #[serde(default)]
+    pub usage: crate::usage::Usage,
 }
 
 /// An archived job as stored.
@@ -629,6 +632,10 @@ mod tests {
 
     fn job(id: u64) -> Job {
         Job {
+            after: Vec::new(),
+            max_cost: None,
+            capacity: Default::default(),
+            started: false,
             id: JobId(id),
             scene: Digest::of(b"s"),
             scene_name: "s.blend".into(),

@@ -95,6 +95,9 @@ pub enum TaskState {
         /// When it was granted, ms since the epoch.
         #[serde(default)]
         since_ms: u64,
+        /// The holder's slot.
+        #[serde(default)]
+        slot: u32,
     },
     /// Rendered.
     Done {
@@ -201,6 +204,9 @@ pub struct Task {
     /// never given to them again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub machine_failed_on: Vec<WorkerId>,
+    /// Every ended grant with its slot-time and cost (see [`crate::usage`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<crate::usage::Attempt>,
 }
 
 impl Task {
@@ -220,6 +226,7 @@ impl Task {
             samples_done: 0,
             samples_total: 0,
             machine_failed_on: Vec::new(),
+            attempts: Vec::new(),
         }
     }
 
@@ -244,6 +251,7 @@ impl Task {
             grant: self.grants,
             expires_ms: now_ms + ttl_ms,
             since_ms: now_ms,
+            slot: 0,
         };
         Ok(self.lease_id(self.grants))
     }

@@ -60,6 +60,12 @@ pub struct WorkerRecord {
     /// field, which no token owns.
     #[serde(default)]
     pub owner: String,
+    /// What the whole machine costs per hour; each slot costs an equal share.
+    #[serde(default)]
+    pub price_per_hour: f64,
+    /// How its capacity is bought.
+    #[serde(default)]
+    pub capacity: crate::usage::Capacity,
 }
 
 impl WorkerRecord {

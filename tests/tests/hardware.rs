@@ -306,7 +306,7 @@ fn a_hot_gpu_drains_its_worker_until_it_cools_and_metrics_show_it() {
         r#"tessera_task_duration_seconds_bucket{le="+Inf"}"#,
         "tessera_task_duration_seconds_count",
         "tessera_frames_rendered_total",
-        r#"tessera_workers{state="online"}"#,
+        r#"tessera_workers{state="idle"}"#,
     ] {
         assert!(samples.contains_key(series), "missing {series} in:\n{body}");
     }

@@ -59,6 +59,10 @@ pub struct WorkerConfig {
     /// TESTS ONLY: the first Blender session of each slot fails its renders
     /// as a crashing GPU driver would (`tessera worker --fail-first-render`).
     pub fail_first_render: bool,
+    /// What the whole machine costs per hour (`--price-per-hour`).
+    pub price_per_hour: f64,
+    /// How its capacity is bought: on-demand, spot or reserved.
+    pub capacity: String,
 }
 
 /// A worker's GPUs and their telemetry sources.
@@ -290,6 +294,8 @@ async fn register<R: Renderer>(
         cached_scenes: shared.cache.digests(),
         notes: shared.config.hardware.notes.clone(),
         blender_features: shared.config.blender_features.clone(),
+        price_per_hour: shared.config.price_per_hour,
+        capacity: shared.config.capacity.clone(),
     };
     let mut delay = Duration::from_millis(200);
     loop {
@@ -460,8 +466,11 @@ async fn run_task<R: Renderer>(
             tracing::info!(%lease, "task stopped");
         }
         Err(RenderFailure::Stopped) => {
+            // Only a shutdown stops a render whose lease still holds: the
+            // worker was preempted, scaled in or stopped.
             let req = pb::ReleaseRequest {
                 lease_id: lease.clone(),
+                preempted: true,
             };
             match retry("releasing a task", Duration::from_secs(5), || {
                 let (mut c, r) = (client.clone(), req.clone());

@@ -247,7 +247,7 @@ async fn actions_answer_the_job_and_a_wrong_one_is_a_conflict() {
         json!({}),
     )
     .await;
-    assert_eq!(r.json()["state"], "running");
+    assert_eq!(r.json()["state"], "queued");
     let r = post(
         &t,
         &format!("/api/v1/jobs/{id}/cancel"),

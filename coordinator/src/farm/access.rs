@@ -111,6 +111,7 @@ impl Farm {
     /// nothing), and the scene's output must fit `--max-pixels`.
     pub fn check_submission(&self, who: &Identity, sub: &Submission) -> Result<(), Error> {
         self.check_output_size(sub)?;
+        self.check_after(Some(who), &sub.after)?;
         let named =
             std::iter::once(("scene", sub.scene)).chain(sub.file_set.map(|d| ("file set", d)));
         for (what, d) in named {

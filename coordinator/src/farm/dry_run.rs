@@ -48,6 +48,10 @@ impl Farm {
             owner: sub.owner.clone(),
             file_set: None,
             missing_files: Vec::new(),
+            after: Vec::new(),
+            max_cost: sub.max_cost,
+            capacity: sub.capacity,
+            started: false,
         };
         let now = self.clock.now_ms();
         let st = self.lock();

@@ -36,7 +36,9 @@ impl Farm {
     pub(super) fn view(&self, st: &State, job: &Job, page: Page) -> JobSnapshot {
         let tasks = st.tasks.get(&job.id).map_or(&[][..], |t| t.as_slice());
         let index = st.index.get(&job.id);
-        views::snapshot(job, tasks, index, page, self.waiting(st, job))
+        let mut snap = views::snapshot(job, tasks, index, page, self.waiting(st, job));
+        snap.waiting_for = st.waiting_for(job);
+        snap
     }
 
     /// Summaries of up to `limit` jobs with ids above `after` that `who` may
@@ -88,6 +90,12 @@ impl Farm {
     pub(super) fn waiting(&self, st: &State, job: &Job) -> Option<String> {
         if job.state.is_final() || job.state == JobState::Paused {
             return None;
+        }
+        if let Some(d) = st.waiting_for(job) {
+            let state = st.jobs.get(&d).map_or("archived", |j| j.state.name());
+            return Some(format!(
+                "waiting for job {d} ({state}) to be done (--after)"
+            ));
         }
         let now = self.clock.now_ms();
         let usable: Vec<&WorkerRecord> = st
@@ -230,6 +238,8 @@ impl Farm {
             Ok(())
         })?;
         tracing::info!(job = %id, "job canceled");
+        // Jobs that wait for it are canceled now, not at the next tick.
+        self.react();
         Ok(snap)
     }
 }
@@ -263,6 +273,7 @@ impl Farm {
             let summary = ArchivedSummary {
                 job: summary_job,
                 counts: full.counts,
+                usage: full.usage,
             };
             let record = crate::store::ArchivedJob {
                 summary: summary.clone(),
@@ -300,6 +311,24 @@ impl Farm {
         };
         let ticket = {
             let mut st = self.lock();
+            let waiting: Vec<String> = st
+                .dependents
+                .get(&id)
+                .into_iter()
+                .flatten()
+                .filter(|d| {
+                    st.jobs
+                        .get(d)
+                        .is_some_and(|j| !j.started && !j.state.is_final())
+                })
+                .map(|d| d.to_string())
+                .collect();
+            if !waiting.is_empty() {
+                return Err(Error::Conflict(format!(
+                    "job(s) {} wait for job {id} (--after); cancel them or let them start before deleting it",
+                    waiting.join(", ")
+                )));
+            }
             if let Some(job) = st.jobs.get(&id) {
                 if !job.state.is_final() {
                     return Err(Error::Conflict(format!(
@@ -309,6 +338,7 @@ impl Farm {
                 }
                 let ticket = self.commit(&st, vec![Owned::Delete(id)]);
                 st.remove_job(id, now);
+                st.dependency_changed(id, None);
                 ticket
             } else if archived && st.archived.remove(&id).is_some() {
                 let ticket = self.commit(&st, vec![Owned::Delete(id)]);
@@ -317,6 +347,7 @@ impl Farm {
                         st.garbage.insert(d, now);
                     }
                 }
+                st.dependency_changed(id, None);
                 st.announce(FarmEvent::Job(id));
                 ticket
             } else {
@@ -325,6 +356,7 @@ impl Farm {
         };
         ticket.wait()?;
         self.purge_later(id);
+        self.react();
         tracing::info!(job = %id, "job deleted");
         Ok(())
     }

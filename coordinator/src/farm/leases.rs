@@ -50,6 +50,7 @@ impl Farm {
         let cap = record.slot_cap(slot);
         let tags = record.tags.clone();
         let features = record.features.clone();
+        let capacity = record.capacity;
         let available = |w: &WorkerRecord| self.available(st, w, now);
         let online = || st.workers.values().filter(|w| self.online(w, now)).count();
         let Some((job_id, index)) = pick(
@@ -62,6 +63,7 @@ impl Farm {
                 tags: &tags,
                 available: &available,
                 features: &features,
+                capacity,
             },
             &online,
             self.config.block_after,
@@ -71,6 +73,9 @@ impl Farm {
         let mut task = st.tasks[&job_id][index as usize].clone();
         let mut job = st.jobs[&job_id].clone();
         let lease = task.lease(worker, now, self.config.lease_ttl_ms)?;
+        if let TaskState::Leased { slot: s, .. } = &mut task.state {
+            *s = slot;
+        }
         job.start()?;
         tracing::debug!(lease = %lease, worker = %worker, frames = ?task.frames, "task leased");
         self.count_stat(|s| s.leases_granted += 1);
@@ -229,16 +234,26 @@ impl Farm {
         self.online(w, now) && st.health.get(&w.id).is_none_or(|h| h.drain.is_none())
     }
 
-    /// Gives a task back without charging an attempt (worker shutting down).
-    pub fn release(&self, lease: LeaseId) -> Result<(), Error> {
+    /// Gives a task back without charging an attempt: its worker shuts
+    /// down, or was `preempted` (SIGTERM on spot capacity or scale-in),
+    /// which is counted and priced on its own.
+    pub fn release(&self, lease: LeaseId, preempted: bool) -> Result<(), Error> {
         let ticket = {
             let mut st = self.lock();
             let (mut task, job) = Self::find(&st, lease)?;
             task.release(lease.grant)?;
+            if preempted {
+                Self::ending(
+                    &mut st,
+                    lease.job,
+                    lease.task,
+                    crate::usage::AttemptEnd::Preempted,
+                );
+            }
             self.apply(&mut st, vec![task], job, None)
         };
         ticket.wait()?;
-        tracing::info!(lease = %lease, "task released");
+        tracing::info!(lease = %lease, preempted, "task released");
         Ok(())
     }
 
@@ -274,8 +289,10 @@ impl Farm {
                     continue;
                 }
                 let mut t = task.clone();
+                let holder = task.holder().cloned();
                 if t.expire(now) {
-                    tracing::warn!(job = %t.job, task = t.index, holder = ?task.holder(), "lease expired; task back in the queue");
+                    Self::ending(&mut st, job, index, crate::usage::AttemptEnd::Expired);
+                    tracing::warn!(job = %t.job, task = t.index, holder = ?holder, "lease expired; task back in the queue");
                     by_job.entry(job).or_default().push(t);
                 }
             }

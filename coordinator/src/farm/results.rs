@@ -64,7 +64,18 @@ impl Farm {
                 TaskState::Leased { since_ms, .. } if since_ms > 0 => Some(since_ms),
                 _ => None,
             };
+            let current =
+                matches!(task.state, TaskState::Leased { grant, .. } if grant == lease.grant);
             let completion = task.complete(lease.grant, outputs)?;
+            if completion == Completion::Recorded && !current {
+                // Another grant's result came first: the holder's render is wasted.
+                Self::ending(
+                    &mut st,
+                    lease.job,
+                    lease.task,
+                    crate::usage::AttemptEnd::Canceled,
+                );
+            }
             if let (Completion::Recorded, Some(since)) = (completion, since) {
                 let secs = now.saturating_sub(since) as f64 / 1000.0;
                 self.count_stat(|stats| {

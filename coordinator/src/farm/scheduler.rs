@@ -16,11 +16,14 @@ pub(super) struct Asker<'a> {
     pub(super) available: &'a dyn Fn(&WorkerRecord) -> bool,
     /// What the worker's Blender offers.
     pub(super) features: &'a [String],
+    /// How the worker's capacity is bought.
+    pub(super) capacity: crate::usage::Capacity,
 }
 
 /// Whether any slot of `w` can render `job`.
 pub(super) fn capable(job: &Job, w: &WorkerRecord) -> bool {
-    job.requirements.features_met(&w.features)
+    job.capacity.accepts(w.capacity)
+        && job.requirements.features_met(&w.features)
         && (0..w.slots).any(|s| job.requirements.satisfied_by(&w.slot_cap(s), &w.tags))
 }
 
@@ -96,6 +99,7 @@ pub(super) fn pick(
         tags,
         available,
         features,
+        capacity,
     } = *asker;
     let mut group: Option<i32> = None;
     // (running, not cached, id, task)
@@ -108,6 +112,7 @@ pub(super) fn pick(
         let job = &st.jobs[&id];
         if !job.requirements.satisfied_by(slot, tags)
             || !job.requirements.features_met(features)
+            || !job.capacity.accepts(capacity)
             || !may_serve(st, job, worker, block_after, available)
         {
             continue;

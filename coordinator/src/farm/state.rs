@@ -27,6 +27,8 @@ pub(super) struct JobIndex {
     pub(super) leased: BTreeSet<u32>,
     /// Tasks by state.
     pub(super) counts: TaskCounts,
+    /// Slot-time and cost of every ended attempt of its tasks.
+    pub(super) usage: crate::usage::Usage,
 }
 
 #[derive(Default)]
@@ -75,6 +77,14 @@ pub(super) struct State {
     pub(super) commits: Option<std::sync::mpsc::Sender<txn::Entry>>,
     /// Summaries of archived jobs (their records left the store's hot trees).
     pub(super) archived: BTreeMap<JobId, Arc<ArchivedSummary>>,
+    /// The jobs that wait for each job (`--after`), derived from the jobs.
+    pub(super) dependents: HashMap<JobId, BTreeSet<JobId>>,
+    /// Changes the farm owes jobs (a cancel because a job they waited for
+    /// failed, a pause at their budget), made by `Farm::react`.
+    pub(super) reactions: BTreeMap<JobId, pipeline::Reaction>,
+    /// How attempts that are ending now ended, when their new state alone
+    /// does not say (an expired lease, a preemption); read by `save`.
+    pub(super) ending: HashMap<(JobId, u32), crate::usage::AttemptEnd>,
 }
 
 impl State {
@@ -132,6 +142,7 @@ impl State {
                 }
             }
             let id = job.id;
+            let mut job = job;
             let mut list = submit::initial_tasks(&job)?;
             for t in tasks.remove(&id).unwrap_or_default() {
                 let i = t.index as usize;
@@ -139,6 +150,25 @@ impl State {
                     list[i] = t;
                 } else {
                     tracing::error!(job = %id, task = i, "a stored task lies outside its job; ignored");
+                }
+            }
+            // A frame queued to render again (`retry --frames`) keeps its old
+            // stitched record until it is stitched anew: it counts only while
+            // every tile of it is done.
+            if job.is_tiled() && !job.stitched.is_empty() {
+                let open: HashSet<u32> = list
+                    .iter()
+                    .filter(|t| !t.is_done())
+                    .map(|t| t.frames[0])
+                    .collect();
+                if job.stitched.iter().any(|o| open.contains(&o.frame)) {
+                    let keep = job
+                        .stitched
+                        .iter()
+                        .filter(|o| !open.contains(&o.frame))
+                        .cloned()
+                        .collect();
+                    job.stitched = Arc::new(keep);
                 }
             }
             st.install(job, list, now);
@@ -180,8 +210,13 @@ impl State {
         let mut newly_stitched: Vec<u32> = Vec::new();
         match &old_job {
             None => added.extend(refs::job_refs(&job, self.files_of(&job))),
-            Some(old) if old.stitched.len() != job.stitched.len() => {
+            Some(old) if !Arc::ptr_eq(&old.stitched, &job.stitched) => {
                 let before: HashSet<(u32, &str)> = old
+                    .stitched
+                    .iter()
+                    .map(|o| (o.frame, o.pass.as_str()))
+                    .collect();
+                let after: HashSet<(u32, &str)> = job
                     .stitched
                     .iter()
                     .map(|o| (o.frame, o.pass.as_str()))
@@ -190,6 +225,12 @@ impl State {
                     if !before.contains(&(o.frame, o.pass.as_str())) {
                         added.push(o.digest);
                         newly_stitched.push(o.frame);
+                    }
+                }
+                // Frames rendered again (`retry --frames`) let go of their old image.
+                for o in old.stitched.iter() {
+                    if !after.contains(&(o.frame, o.pass.as_str())) {
+                        released.push(o.digest);
                     }
                 }
             }
@@ -252,14 +293,19 @@ impl State {
             && old_job
                 .as_ref()
                 .is_some_and(|o| o.state == JobState::Paused);
-        let runnable =
-            !job.state.is_final() && job.state != JobState::Paused && !index.ready.is_empty();
+        let held_back = self.held_back(&job);
+        let index = &self.index[&id];
+        let runnable = !job.state.is_final()
+            && job.state != JobState::Paused
+            && !index.ready.is_empty()
+            && !held_back;
         if runnable {
             self.runnable.insert((Reverse(job.priority), id));
         }
         if resumed {
             newly_ready = index.ready.len();
         }
+        self.note_pipeline(&job, old_job.as_ref());
         self.jobs.insert(id, job);
         if became_final {
             let keys: Vec<(JobId, u32)> = self
@@ -466,5 +512,8 @@ fn index_task(
         }
         TaskState::Failed { .. } => step(&mut c.failed, 1),
         TaskState::Canceled => step(&mut c.canceled, 1),
+    }
+    for a in &t.attempts {
+        index.usage.count(a, add);
     }
 }

@@ -24,4 +24,6 @@ pub struct Stats {
     pub commits: u64,
     /// Changes those transactions held (group commit puts several in one).
     pub committed_changes: u64,
+    /// Leases handed back by preempted workers (no attempt charged).
+    pub preemptions: u64,
 }

@@ -140,6 +140,26 @@ impl Farm {
             return Err(Error::invalid(format!("scene {} {e}", sub.scene_name)));
         }
         let plan = self.plan(&sub)?;
+        let after = self.check_after(None, &sub.after)?;
+        {
+            let st = self.lock();
+            for d in &after {
+                let state = st
+                    .jobs
+                    .get(d)
+                    .map(|j| j.state)
+                    .or_else(|| st.archived.get(d).map(|a| a.job.state));
+                if let Some(s @ (JobState::Failed | JobState::Canceled)) = state {
+                    return Err(Error::invalid(format!(
+                        "job {d} is {}, so a job after it would never run; retry job {d} first, or submit without --after {d}",
+                        s.name()
+                    )));
+                }
+            }
+        }
+        if let Some(m) = sub.max_cost {
+            pipeline::check_budget(m)?;
+        }
         let file_set = sub
             .file_set
             .map(|d| self.check_file_set(&d, &sub.scene))
@@ -198,6 +218,10 @@ impl Farm {
             owner: sub.owner.clone(),
             file_set: sub.file_set,
             missing_files,
+            after,
+            max_cost: sub.max_cost,
+            capacity: sub.capacity,
+            started: false,
         };
         // A new task is what its job's record says it is: tasks are not
         // written until they change (see `initial_tasks`), so a million

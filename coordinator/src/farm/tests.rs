@@ -45,6 +45,7 @@ impl Fixture {
 
 pub(super) fn config() -> Config {
     Config {
+        target_drain_ms: 30 * 60_000,
         lease_ttl_ms: 1000,
         max_frames: 1000,
         max_attempts: 2,
@@ -64,6 +65,9 @@ pub(super) fn config() -> Config {
 
 pub(super) fn sub(scene: Digest, frames: &str, chunk: u32) -> Submission {
     Submission {
+        after: Vec::new(),
+        max_cost: None,
+        capacity: Default::default(),
         scene,
         scene_name: "s.blend".into(),
         frames: frames.into(),

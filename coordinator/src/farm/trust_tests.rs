@@ -50,6 +50,9 @@ fn fixture() -> Fixture {
 
 fn submission(scene: Digest, frames: &str, tiles: &str) -> Submission {
     Submission {
+        after: Vec::new(),
+        max_cost: None,
+        capacity: Default::default(),
         scene,
         scene_name: "s.blend".into(),
         frames: frames.into(),

@@ -252,16 +252,18 @@ impl Farm {
         &self,
         st: &mut State,
         job: Job,
-        changed: Vec<Task>,
+        mut changed: Vec<Task>,
         extra: Vec<Owned>,
     ) -> Ticket {
+        let now = self.clock.now_ms();
+        self.account(st, &mut changed, now);
         let mut records: Vec<Owned> = changed.iter().cloned().map(Owned::Task).collect();
         records.extend(extra);
         if st.jobs.get(&job.id) != Some(&job) {
             records.push(Owned::Job(job.clone()));
         }
         let ticket = self.commit(st, records);
-        st.install(job, changed, self.clock.now_ms());
+        st.install(job, changed, now);
         ticket
     }
 }

@@ -102,6 +102,10 @@ pub struct JobSnapshot {
     pub waiting: Option<String>,
     /// Whether only its summary is kept.
     pub archived: bool,
+    /// Slot-time and cost of its tasks' attempts.
+    pub usage: crate::usage::Usage,
+    /// The job it waits for (`--after`), while it does.
+    pub waiting_for: Option<JobId>,
 }
 
 /// The view of `job` (whose tasks are `tasks`, indexed by `index`) with
@@ -176,6 +180,8 @@ pub(super) fn snapshot(
         counts,
         waiting,
         archived: false,
+        usage: index.map(|i| i.usage).unwrap_or_default(),
+        waiting_for: None,
     }
 }
 
@@ -195,5 +201,7 @@ pub(super) fn archived(a: &ArchivedSummary, outputs: &[FrameOutput], page: Page)
         counts: a.counts,
         waiting: None,
         archived: true,
+        usage: a.usage,
+        waiting_for: None,
     }
 }

@@ -48,6 +48,8 @@ impl Farm {
             notes: reg.notes,
             features: reg.features,
             owner: reg.owner,
+            price_per_hour: crate::usage::check_price(reg.price_per_hour)?,
+            capacity: reg.capacity,
         };
         tracing::info!(worker = %id, name = %record.name, slots = record.slots, "worker registered");
         let ticket = self.commit(&st, vec![Owned::Worker(record.clone())]);

@@ -82,6 +82,9 @@ fn register(farm: &Farm, owner: &str, previous: Option<&WorkerId>) -> Result<Wor
 fn submit(f: &Fixture, owner: &str, frames: &str) -> JobId {
     f.farm
         .submit(Submission {
+            after: Vec::new(),
+            max_cost: None,
+            capacity: Default::default(),
             scene: f.scene,
             scene_name: "s.blend".into(),
             frames: frames.into(),
@@ -305,7 +308,7 @@ fn a_worker_reads_a_scene_only_while_it_holds_a_lease_of_its_job() {
         f.farm.check_read(&theirs, &f.scene).is_err(),
         "another token's worker holds the lease"
     );
-    f.farm.release(a.lease).unwrap();
+    f.farm.release(a.lease, false).unwrap();
     assert!(f.farm.check_read(&ours, &f.scene).is_err(), "released");
 }
 
@@ -318,6 +321,9 @@ fn missing_blobs_reveals_nothing_and_uploads_prove_possession() {
     // Bob is told alice's scene is missing, like any blob he never had.
     assert_eq!(f.farm.missing_for(&bob, &[f.scene]), vec![f.scene]);
     let sub = |owner: &Identity| Submission {
+        after: Vec::new(),
+        max_cost: None,
+        capacity: Default::default(),
         scene: f.scene,
         scene_name: "s.blend".into(),
         frames: "1".into(),
@@ -336,6 +342,9 @@ fn missing_blobs_reveals_nothing_and_uploads_prove_possession() {
     };
     let refused = f.farm.check_submission(&bob, &sub(&bob)).unwrap_err();
     let never = Submission {
+        after: Vec::new(),
+        max_cost: None,
+        capacity: Default::default(),
         scene: absent,
         ..sub(&bob)
     };
@@ -396,6 +405,9 @@ fn a_job_names_only_file_sets_and_files_its_submitter_uploaded() {
         &file_set(&[("tex/wood.png", b"wood texture")]),
     );
     let sub = |owner: &Identity, set: Digest| Submission {
+        after: Vec::new(),
+        max_cost: None,
+        capacity: Default::default(),
         scene: f.scene,
         scene_name: "s.blend".into(),
         frames: "1".into(),
@@ -463,6 +475,9 @@ fn a_scene_over_the_pixel_limit_is_refused_at_submit() {
     let f = fixture();
     let alice = user("alice");
     let mut s = Submission {
+        after: Vec::new(),
+        max_cost: None,
+        capacity: Default::default(),
         scene: f.scene,
         scene_name: "s.blend".into(),
         frames: "1".into(),
