@@ -184,6 +184,7 @@ pub fn lanes(
             work.release(authed(
                 pb::ReleaseRequest {
                     lease_id: lease.clone(),
+                    preempted: false,
                 },
                 &r2,
             ))
@@ -199,6 +200,7 @@ pub fn lanes(
                 work.release(authed(
                     pb::ReleaseRequest {
                         lease_id: guessed.clone(),
+                        preempted: false,
                     },
                     token,
                 ))
@@ -328,9 +330,15 @@ pub fn lanes(
             "over the coordinator's limit of 4096x4096 (--max-pixels)",
         );
         // The holder gives the task back.
-        work.release(authed(pb::ReleaseRequest { lease_id: lease }, &r1))
-            .await
-            .unwrap();
+        work.release(authed(
+            pb::ReleaseRequest {
+                lease_id: lease,
+                preempted: false,
+            },
+            &r1,
+        ))
+        .await
+        .unwrap();
     });
     n += 26;
     cli_ok(&url, &["cancel", &lane_job.to_string()]);
