@@ -169,7 +169,20 @@ fn sigterm_releases_a_busy_workers_task_at_once() {
         "127.0.0.1:0",
         &["--lease-ttl", "120"],
     );
-    let mut a = worker(&coord.url, dir.path(), "a");
+    // A spot worker: it releases at once, even with a grace period.
+    let mut a = worker_with(
+        &coord.url,
+        dir.path(),
+        "a",
+        &[
+            "--capacity",
+            "spot",
+            "--price-per-hour",
+            "3.6",
+            "--grace",
+            "30",
+        ],
+    );
     let job = submit(&coord.url, &scene, &["--frames", "1-6", "--chunk", "6"]);
     wait_for(&coord.url, job, LONG, "the task to be leased", |j| {
         j["tasks_running"] == 1
@@ -212,6 +225,17 @@ fn sigterm_releases_a_busy_workers_task_at_once() {
     assert_eq!(
         done["tasks"][0]["attempts"], 0,
         "a release charges no attempt"
+    );
+    // The preempted attempt is paid for, and reported on its own.
+    let log = done["tasks"][0]["attempt_log"].as_array().unwrap();
+    let ends: Vec<&str> = log.iter().map(|a| a["end"].as_str().unwrap()).collect();
+    assert_eq!(ends, ["preempted", "done"], "{log:?}");
+    assert_eq!(log[0]["price_per_hour"], 3.6);
+    let preempted = done["usage"]["preempted_cost"].as_f64().unwrap();
+    let expect = log[0]["seconds"].as_f64().unwrap() * 3.6 / 3600.0;
+    assert!(
+        preempted > 0.0 && (preempted - expect).abs() < 1e-9,
+        "{preempted} vs {expect}"
     );
     assert!(!coord.proc.log().contains("lease expired"));
 }
