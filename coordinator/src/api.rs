@@ -33,6 +33,7 @@ pub mod blobs;
 pub mod events;
 pub mod jobs;
 pub mod openapi;
+pub mod pipeline;
 pub mod thumb;
 pub mod tls;
 pub mod web;
@@ -88,6 +89,16 @@ pub fn routes() -> Vec<(Method, &'static str, MethodRouter<Api>)> {
         (Method::POST, "/api/v1/jobs/{id}/pause", post(jobs::pause)),
         (Method::POST, "/api/v1/jobs/{id}/resume", post(jobs::resume)),
         (Method::POST, "/api/v1/jobs/{id}/retry", post(jobs::retry)),
+        (
+            Method::POST,
+            "/api/v1/jobs/{id}/rerun",
+            post(pipeline::rerun),
+        ),
+        (
+            Method::POST,
+            "/api/v1/jobs/{id}/update",
+            post(pipeline::update),
+        ),
         (
             Method::GET,
             "/api/v1/jobs/{id}/frames/{frame}",

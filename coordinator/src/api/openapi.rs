@@ -60,6 +60,12 @@ pub fn describe(method: &Method, path: &str) -> Option<Value> {
         ("POST", "/api/v1/jobs/{id}/pause") => job_actions("pause"),
         ("POST", "/api/v1/jobs/{id}/resume") => job_actions("resume"),
         ("POST", "/api/v1/jobs/{id}/retry") => job_actions("retry the failed tasks of"),
+        ("POST", "/api/v1/jobs/{id}/rerun") => {
+            json!({"summary": "render these frames of the job again (even of a done job); answers the job and the frames to render", "body": "Rerun", "ok": ["200", "Rerun"]})
+        }
+        ("POST", "/api/v1/jobs/{id}/update") => {
+            json!({"summary": "change the jobs it waits for (before it starts; a cycle is refused) or its budget; answers the job", "body": "JobUpdate", "ok": ["200", "Job"]})
+        }
         ("GET", "/api/v1/jobs/{id}/frames/{frame}") => {
             json!({"summary": "a rendered frame (image/png or image/x-exr), or with ?thumb=N a PNG thumbnail at most N pixels on a side (EXR tone-mapped)", "query": [["thumb", "thumbnail size in pixels (1-1024)"]], "ok": ["200", "Image"]})
         }
@@ -174,9 +180,14 @@ pub fn document() -> Value {
                     "tags": {"type": "array", "items": {"type": "string"}},
                     "file_set_digest": {"type": "string"},
                     "features": {"type": "array", "items": {"type": "string"}},
+                    "after": {"type": "array", "items": {"type": "integer"}},
+                    "max_cost": {"type": "number"},
+                    "capacity": {"enum": ["", "spot-ok", "on-demand-only"]},
                 })),
                 "JobCheck": s(json!({"tasks": {"type": "integer"}, "frames": {"type": "integer"}, "workers": {"type": "integer"}, "waiting": {"type": "string"}})),
                 "JobCreated": s(json!({"job_id": {"type": "integer"}})),
+                "Rerun": s(json!({"frames": {"type": "string", "examples": ["10-20"]}, "job": {"type": "object"}})),
+                "JobUpdate": s(json!({"after": {"type": "array", "items": {"type": "integer"}}, "max_cost": {"type": "number"}, "clear_max_cost": {"type": "boolean"}})),
                 "Job": s(json!({
                     "id": {"type": "integer"}, "state": {"enum": ["queued", "running", "paused", "done", "failed", "canceled"]},
                     "frames_total": {"type": "integer"}, "frames_done": {"type": "integer"},

@@ -713,3 +713,53 @@ async fn the_openapi_document_matches_the_routes() {
     assert_eq!(r.status, StatusCode::NOT_FOUND);
     assert!(r.json()["hint"].as_str().unwrap().contains("openapi.json"));
 }
+
+#[tokio::test]
+async fn pipeline_routes_update_dependencies_and_budgets_and_refuse_cycles() {
+    let t = setup();
+    let a = alice_job(&t, "1-2").await;
+    let b = alice_job(&t, "1").await;
+    let r = post(
+        &t,
+        &format!("/api/v1/jobs/{b}/update"),
+        &t.alice,
+        json!({"after": [a], "max_cost": 12.5}),
+    )
+    .await;
+    assert_eq!(r.json()["after"], json!([a]));
+    assert_eq!(r.json()["max_cost"], 12.5);
+    assert_eq!(r.json()["waiting_for"], a);
+    let r = post(
+        &t,
+        &format!("/api/v1/jobs/{a}/update"),
+        &t.alice,
+        json!({"after": [b]}),
+    )
+    .await;
+    assert!(
+        r.json()["error"].as_str().unwrap().contains("cycle"),
+        "{}",
+        r.json()
+    );
+    let r = post(&t, &format!("/api/v1/jobs/{a}/update"), &t.alice, json!({})).await;
+    assert!(r.json()["error"]
+        .as_str()
+        .unwrap()
+        .contains("nothing to change"));
+    // Frames of a queued job are queued already.
+    let r = post(
+        &t,
+        &format!("/api/v1/jobs/{a}/rerun"),
+        &t.alice,
+        json!({"frames": "1"}),
+    )
+    .await;
+    assert!(
+        r.json()["error"]
+            .as_str()
+            .unwrap()
+            .contains("already queued"),
+        "{}",
+        r.json()
+    );
+}
