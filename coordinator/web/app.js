@@ -219,6 +219,7 @@ function jobView(job) {
     job.message ? h("pre", {}, job.message) : null,
     h("p", { class: "muted" }, "owner " + job.owner + " · frames " + job.frames + " · priority " + job.priority + " · device " + (job.device || "any") +
       (job.tags.length ? " · tags " + job.tags.join(",") : "") + (job.tiles && job.tiles !== "1x1" ? " · tiles " + job.tiles : "")),
+    costLine(job),
     buttons);
   const states = frameStates(job);
   const grid = h("div", { class: "grid", id: "frames" }, expandFrames(job).map((f) =>
@@ -238,6 +239,18 @@ function jobView(job) {
 }
 
 let current = null, render = () => {}, refresh = () => {};
+
+// What the job waits for and what it has cost (GPU/CPU slot-hours, budget).
+function costLine(job) {
+  const u = job.usage || {};
+  const parts = [];
+  if (job.after && job.after.length) parts.push("after job " + job.after.join(", "));
+  parts.push("cost " + (u.cost || 0).toFixed(4) + " (" + (u.gpu_hours || 0).toFixed(3) + " GPU-h, " + (u.cpu_hours || 0).toFixed(3) + " CPU-h)");
+  if (u.failed_cost) parts.push("failed attempts " + u.failed_cost.toFixed(4));
+  if (u.preempted_cost) parts.push("preempted " + u.preempted_cost.toFixed(4));
+  if (job.max_cost != null) parts.push("budget " + job.max_cost.toFixed(2));
+  return h("p", { class: "muted", id: "job-cost" }, parts.join(" · "));
+}
 
 async function jobPage(app, id) {
   let timer = null, busy = false;
