@@ -544,3 +544,48 @@ fn a_job_goes_only_to_workers_whose_blender_has_what_it_needs() {
     let err = f.farm.submit(s).unwrap_err();
     assert!(err.to_string().contains("not a Blender feature"), "{err}");
 }
+
+#[test]
+fn a_tiled_frame_rendered_again_is_stitched_from_its_new_tiles_only() {
+    let f = fixture();
+    let job = f.farm.submit(submission(f.scene, "1-2", "2x1")).unwrap();
+    let w = worker(&f.farm, "a");
+    render_all(&f, &w, |f, fr| put(f, fr, &png(2, 2, [10, 10, 10, 255])));
+    let before = f.farm.job(job).unwrap();
+    assert_eq!(before.job.state, JobState::Done);
+    let digest = |s: &JobSnapshot, frame: u32| {
+        s.outputs
+            .iter()
+            .find(|o| o.frame == frame)
+            .map(|o| o.digest)
+    };
+    let (old1, old2) = (digest(&before, 1), digest(&before, 2));
+    let (_, frames) = f.farm.retry_frames(job, "2").unwrap();
+    assert_eq!(frames, vec![2]);
+    let snap = f.farm.job(job).unwrap();
+    assert_eq!(snap.job.state, JobState::Running);
+    assert_eq!(
+        digest(&snap, 2),
+        None,
+        "the old image of frame 2 is no longer delivered"
+    );
+    assert_eq!(digest(&snap, 1), old1);
+    // Across a restart the old stitched record of frame 2 does not come back.
+    let again = Farm::open(
+        f.store.clone(),
+        f.blobs.clone(),
+        f.clock.clone(),
+        f.farm.config().clone(),
+    )
+    .unwrap();
+    assert_eq!(digest(&again.job(job).unwrap(), 2), None);
+    while let Some(a) = again.try_lease(&w, &HashSet::new()).unwrap() {
+        assert_eq!(a.frames, vec![2], "only frame 2's tiles render again");
+        let out = put(&f, 2, &png(2, 2, [20, 20, 20, 255]));
+        again.complete(a.lease, vec![out]).unwrap();
+    }
+    let after = again.job(job).unwrap();
+    assert_eq!(after.job.state, JobState::Done, "{}", after.job.message);
+    assert_eq!(digest(&after, 1), old1);
+    assert!(digest(&after, 2).is_some() && digest(&after, 2) != old2);
+}
