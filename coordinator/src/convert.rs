@@ -33,6 +33,7 @@ impl TryFrom<pb::JobSpec> for Submission {
                 width: i.width,
                 height: i.height,
                 file_format: i.file_format,
+                fps: i.fps,
             }),
             device: s.device,
             min_vram_gb: s.min_vram_gb,
@@ -44,6 +45,7 @@ impl TryFrom<pb::JobSpec> for Submission {
             },
             // Set from the caller's token by the handler, never from the message.
             owner: String::new(),
+            preview: s.preview,
         })
     }
 }
@@ -184,8 +186,38 @@ impl From<&JobSnapshot> for pb::JobView {
             samples_done: c.samples_done,
             samples_total: c.samples_total,
             archived: s.archived,
+            preview: preview_view(&j.preview),
+            fps: j.preview.fps.unwrap_or(0.0),
         }
     }
+}
+
+/// A job's preview as the protocol shows it; None when none was asked for.
+fn preview_view(p: &crate::preview::Preview) -> Option<pb::PreviewView> {
+    use crate::preview::Outcome;
+    let state = p.state_name()?.to_string();
+    Some(match &p.outcome {
+        Some(Outcome::Ready(v)) => pb::PreviewView {
+            state,
+            digest: v.digest.to_hex(),
+            size: v.size,
+            frames: v.frames,
+            width: v.width,
+            height: v.height,
+            fps: v.fps,
+            message: v.note.clone(),
+        },
+        Some(Outcome::Failed(why)) => pb::PreviewView {
+            state,
+            message: why.clone(),
+            ..Default::default()
+        },
+        None => pb::PreviewView {
+            state,
+            fps: p.fps_or_fallback().0,
+            ..Default::default()
+        },
+    })
 }
 
 /// The page a job reference asks for, capped.

@@ -125,6 +125,10 @@ pub struct Job {
     /// Files the scene needs that were not submitted (`--allow-missing`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing_files: Vec<String>,
+    /// The scene's frame rate and the job's preview video, when one is
+    /// wanted (see [`crate::preview`]).
+    #[serde(default)]
+    pub preview: crate::preview::Preview,
 }
 
 fn whole() -> Grid {
@@ -198,6 +202,7 @@ impl Job {
                 self.message.clear();
                 self.finished_ms = None;
                 self.failures_by_worker.clear();
+                self.preview.reset();
                 Ok(())
             }
             s => Err(Error::Conflict(format!(
@@ -264,6 +269,7 @@ mod tests {
             owner: String::new(),
             file_set: None,
             missing_files: Vec::new(),
+            preview: Default::default(),
         }
     }
 

@@ -75,6 +75,8 @@ pub fn job(j: &pb::JobView) -> Value {
         "created_ms": j.created_ms,
         "finished_ms": if j.finished_ms == 0 { Value::Null } else { json!(j.finished_ms) },
         "outputs": j.outputs.iter().map(|o| json!({"frame": o.frame, "digest": o.digest, "ext": o.ext, "size": o.size, "pass": o.pass})).collect::<Vec<_>>(),
+        "fps": if j.fps > 0.0 { json!(j.fps) } else { Value::Null },
+        "preview": j.preview.as_ref().map(preview),
         "samples": samples(j),
         "samples_done": j.samples_done,
         "samples_total": j.samples_total,
@@ -90,6 +92,20 @@ pub fn job(j: &pb::JobView) -> Value {
             "samples_total": t.samples_total,
             "message": t.message,
         })).collect::<Vec<_>>(),
+    })
+}
+
+/// A job's preview video as JSON.
+pub fn preview(p: &pb::PreviewView) -> Value {
+    json!({
+        "state": p.state,
+        "digest": p.digest,
+        "size": p.size,
+        "frames": p.frames,
+        "width": p.width,
+        "height": p.height,
+        "fps": p.fps,
+        "message": p.message,
     })
 }
 

@@ -35,7 +35,7 @@ pub fn job_id(s: &str) -> Result<JobId, ApiError> {
 
 /// The job a path names, once the caller may see it (another user's job
 /// answers 404, like a missing one).
-fn owned(api: &Api, caller: &Caller, id: &str) -> Result<JobId, ApiError> {
+pub(super) fn owned(api: &Api, caller: &Caller, id: &str) -> Result<JobId, ApiError> {
     let who = caller.client()?;
     let id = job_id(id)?;
     api.farm.check_owner(id, who)?;

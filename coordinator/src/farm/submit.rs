@@ -93,6 +93,7 @@ impl Farm {
         };
         let requirements = Requirements::parse(&sub.device, sub.min_vram_gb, &sub.tags)?
             .with_features(&sub.features)?;
+        crate::preview::scene_fps(sub.scene_info.as_ref().map(|i| i.fps))?;
         Ok(Plan {
             frames,
             chunk,
@@ -140,6 +141,10 @@ impl Farm {
             return Err(Error::invalid(format!("scene {} {e}", sub.scene_name)));
         }
         let plan = self.plan(&sub)?;
+        let preview = crate::preview::Preview::at_submit(
+            sub.preview,
+            sub.scene_info.as_ref().map(|i| i.fps),
+        )?;
         let file_set = sub
             .file_set
             .map(|d| self.check_file_set(&d, &sub.scene))
@@ -198,6 +203,7 @@ impl Farm {
             owner: sub.owner.clone(),
             file_set: sub.file_set,
             missing_files,
+            preview,
         };
         // A new task is what its job's record says it is: tasks are not
         // written until they change (see `initial_tasks`), so a million

@@ -62,6 +62,7 @@ fn submission(scene: Digest, frames: &str, tiles: &str) -> Submission {
             width: 4,
             height: 2,
             file_format: "PNG".into(),
+            fps: 0.0,
         }),
         device: String::new(),
         min_vram_gb: 0.0,
@@ -69,6 +70,7 @@ fn submission(scene: Digest, frames: &str, tiles: &str) -> Submission {
         owner: "alice".into(),
         file_set: None,
         features: Vec::new(),
+        preview: false,
     }
 }
 
