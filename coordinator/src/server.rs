@@ -120,7 +120,8 @@ impl Coordinator {
         // Previews are made on a thread of their own, one at a time, until
         // this returns (the guard stops it).
         let (ffmpeg, scratch) = self.previews.clone();
-        let _previews = crate::preview::runner::Runner::new(self.farm.clone(), ffmpeg, scratch).start();
+        let _previews =
+            crate::preview::runner::Runner::new(self.farm.clone(), ffmpeg, scratch).start();
         let farm = self.farm.clone();
         let reaper = tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(500));

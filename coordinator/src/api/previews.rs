@@ -19,7 +19,9 @@ pub async fn request(
     let farm = api.farm.clone();
     let snap = tokio::task::spawn_blocking(move || farm.request_preview(id))
         .await
-        .map_err(|e| ApiError::bad(format!("asking for the preview stopped: {e}"), "try again"))??;
+        .map_err(|e| {
+            ApiError::bad(format!("asking for the preview stopped: {e}"), "try again")
+        })??;
     Ok(ok(job_json(&snap)))
 }
 
@@ -103,7 +105,10 @@ pub fn byte_range(header: &str, len: u64) -> Option<(u64, u64)> {
             (len.checked_sub(n.min(len))?, len.checked_sub(1)?)
         }
         (a, "") => (a.parse().ok()?, len.checked_sub(1)?),
-        (a, b) => (a.parse().ok()?, b.parse::<u64>().ok()?.min(len.checked_sub(1)?)),
+        (a, b) => (
+            a.parse().ok()?,
+            b.parse::<u64>().ok()?.min(len.checked_sub(1)?),
+        ),
     };
     (from <= to && to < len).then_some((from, to))
 }

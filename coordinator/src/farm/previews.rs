@@ -143,7 +143,7 @@ mod tests {
         s.preview = true;
         let id = f.farm.submit(s).unwrap();
         assert!(f.farm.previews_due().is_empty(), "not done yet");
-        f.render_all(id);
+        render_all(&f, id);
         assert_eq!(f.farm.previews_due(), vec![id]);
         let work = f.farm.preview_work(id).unwrap().unwrap();
         assert_eq!(
@@ -169,14 +169,17 @@ mod tests {
         assert!(farm.previews_due().is_empty());
         farm.delete(id).unwrap();
         assert_eq!(farm.lock().refs.count(&d), 0);
-        assert!(farm.lock().garbage.contains(&d), "collected after the grace");
+        assert!(
+            farm.lock().garbage.contains(&d),
+            "collected after the grace"
+        );
     }
 
     #[test]
     fn a_failed_preview_leaves_the_job_done_and_is_tried_again_on_request() {
         let f = fixture();
         let id = f.farm.submit(sub(f.scene, "1", 1)).unwrap();
-        f.render_all(id);
+        render_all(&f, id);
         assert!(f.farm.previews_due().is_empty(), "not asked for");
         f.farm.request_preview(id).unwrap();
         assert_eq!(f.farm.previews_due(), vec![id]);

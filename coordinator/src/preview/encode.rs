@@ -204,7 +204,12 @@ pub fn encode(
         return Err(PreviewError::NoFrames);
     };
     // Say at once when there is no ffmpeg, before decoding any frame.
-    run(ffmpeg, &["-hide_banner".into(), "-version".into()], None, deadline)?;
+    run(
+        ffmpeg,
+        &["-hide_banner".into(), "-version".into()],
+        None,
+        deadline,
+    )?;
     std::fs::create_dir_all(scratch).map_err(io(format!("cannot create {}", scratch.display())))?;
     let dir = tempfile::Builder::new()
         .prefix("preview-")
@@ -248,7 +253,12 @@ pub fn encode(
     let (w, h) = size.unwrap_or((0, 0));
     let out = dir.path().join("preview.mp4");
     let log = dir.path().join("ffmpeg.log");
-    run(ffmpeg, &ffmpeg_args(dir.path(), fps, &out), Some(&log), deadline)?;
+    run(
+        ffmpeg,
+        &ffmpeg_args(dir.path(), fps, &out),
+        Some(&log),
+        deadline,
+    )?;
     let bytes = std::fs::read(&out).map_err(io(format!("cannot read {}", out.display())))?;
     tracing::info!(
         frames = frames.len(),

@@ -124,9 +124,9 @@ impl Runner {
                         fps: work.fps,
                         note: work.note,
                     }),
-                    Err(err) => Outcome::Failed(format!(
-                        "the preview was made but cannot be stored: {err}"
-                    )),
+                    Err(err) => {
+                        Outcome::Failed(format!("the preview was made but cannot be stored: {err}"))
+                    }
                 }
             }
             Err(e) => {
