@@ -208,6 +208,52 @@ fn a_12_frame_job_with_preview_gives_an_mp4_of_12_frames_at_the_scenes_size_and_
     );
     assert_eq!(r.status, 206);
     assert_eq!(r.body, bytes[..100]);
+
+    // The dashboard's job page plays it.
+    dashboard_plays(&f, base, job, &admin);
+}
+
+/// Signs in to the dashboard at `base` with `token`, opens job `job`'s page
+/// and waits until its `<video>` has loaded the 64x48, one-second preview.
+fn dashboard_plays(f: &Farm, base: &str, job: u64, token: &str) {
+    use tessera_tests::browser::{chromium, Browser};
+    let binary = chromium().expect(
+        "chromium is needed for the dashboard check (apt-get install chromium; scripts/test.sh does)",
+    );
+    let mut b = Browser::start(&binary, f.dir.path(), 1024, 800);
+    b.goto(&format!("{base}/jobs/{job}"));
+    assert!(
+        b.wait_for("document.querySelector('#login')", Duration::from_secs(20)),
+        "no sign-in form"
+    );
+    b.eval(&format!(
+        "document.getElementById('token').value = {}; document.getElementById('login').requestSubmit(); true",
+        serde_json::json!(token)
+    ));
+    assert!(
+        b.wait_for("location.pathname === '/'", Duration::from_secs(20)),
+        "sign-in failed: {}",
+        b.eval("document.body.innerText")
+    );
+    b.goto(&format!("{base}/jobs/{job}"));
+    assert!(
+        b.wait_for(
+            "document.querySelector('video#preview')",
+            Duration::from_secs(20)
+        ),
+        "no video on the job page: {}",
+        b.eval("document.body.innerText")
+    );
+    assert_eq!(
+        b.eval("new URL(document.querySelector('video#preview').src).pathname"),
+        serde_json::json!(format!("/api/v1/jobs/{job}/preview"))
+    );
+    let loaded = "(() => { const v = document.querySelector('video#preview'); return v.readyState >= 1 && v.videoWidth === 64 && v.videoHeight === 48 && Math.abs(v.duration - 1) < 0.05; })()";
+    assert!(
+        b.wait_for(loaded, Duration::from_secs(30)),
+        "the browser did not load the video: {}",
+        b.eval("(() => { const v = document.querySelector('video#preview'); return JSON.stringify({ready: v.readyState, w: v.videoWidth, h: v.videoHeight, d: v.duration, err: v.error && v.error.message, mp4: v.canPlayType('video/mp4; codecs=\"avc1.42E01E\"')}); })()")
+    );
 }
 
 #[test]
