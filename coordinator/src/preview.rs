@@ -149,7 +149,7 @@ impl Preview {
 pub fn scene_fps(fps: Option<f64>) -> Result<Option<f64>, Error> {
     match fps {
         None => Ok(None),
-        Some(f) if f == 0.0 => Ok(None),
+        Some(0.0) => Ok(None),
         Some(f) if f.is_finite() && f > 0.0 && f <= MAX_FPS => Ok(Some(f)),
         Some(f) => Err(Error::invalid(format!(
             "the scene's frame rate {f} is not a frame rate; give a number of frames per second above 0 and at most {MAX_FPS} (Blender's fps / fps_base), or 0 when unknown"
