@@ -53,7 +53,7 @@ pub struct Encoded {
 #[derive(Debug, thiserror::Error)]
 pub enum PreviewError {
     /// ffmpeg could not be started: not installed, or not at the given path.
-    #[error("ffmpeg could not be started as `{program}` ({source}); install it on the coordinator's machine (Debian/Ubuntu: apt-get install ffmpeg) or start the coordinator with --ffmpeg /path/to/ffmpeg, then `tessera preview {{job}}`")]
+    #[error("ffmpeg could not be started as `{program}` ({source}); install it on the coordinator's machine (Debian/Ubuntu: apt-get install ffmpeg) or start the coordinator with --ffmpeg /path/to/ffmpeg")]
     NoFfmpeg {
         /// What was run.
         program: String,
@@ -114,9 +114,17 @@ pub enum PreviewError {
 }
 
 impl PreviewError {
-    /// The message with the job's id in its advice.
+    /// The message for job `job`'s status: where the coordinator's set-up
+    /// is at fault (ffmpeg, its time limit, its disk), how to try again
+    /// once it is fixed.
     pub fn for_job(&self, job: u64) -> String {
-        self.to_string().replace("{job}", &job.to_string())
+        match self {
+            Self::NoFfmpeg { .. }
+            | Self::FfmpegFailed { .. }
+            | Self::TimedOut { .. }
+            | Self::Io { .. } => format!("{self}, then `tessera preview {job}`"),
+            Self::NoFrames | Self::Frame { .. } | Self::MixedSizes { .. } => self.to_string(),
+        }
     }
 }
 
