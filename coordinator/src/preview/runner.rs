@@ -114,6 +114,9 @@ impl Runner {
         let outcome = match encoded {
             Ok(e) => {
                 let digest = Digest::of(&e.bytes);
+                // Until the job names it, the collector must leave it alone
+                // (the same bytes may be garbage of a deleted job).
+                self.farm.touch_blobs(&[digest]);
                 match self.farm.blobs().put(digest, &e.bytes) {
                     Ok(_) => Outcome::Ready(Video {
                         digest,
