@@ -29,7 +29,7 @@ JSON contract (version 1):
                                  # runs a denoiser (needs OpenImageDenoise/OptiX)
      "scene": "/abs/path/scene.blend",
      "facts": {"frame_start": 1, "frame_end": 250, "frame_step": 1,
-               "width": 1920, "height": 1080, "file_format": "PNG"},
+               "width": 1920, "height": 1080, "file_format": "PNG", "fps": 24.0},
      "files": [ {
         "kind": "image|library|font|sound|movieclip|volume|cachefile|pointcache|fluid|
                  ocean|meshcache|sequence_strip|ies|script|other",
@@ -631,6 +631,8 @@ def report(scene=None):
             "width": scene.render.resolution_x * scene.render.resolution_percentage // 100,
             "height": scene.render.resolution_y * scene.render.resolution_percentage // 100,
             "file_format": scene.render.image_settings.file_format,
+            # Frames per second, for preview videos: fps / fps_base (29.97 is 30 / 1.001).
+            "fps": scene.render.fps / scene.render.fps_base,
         },
     }
 

@@ -8,6 +8,8 @@ Options (after `--`):
     --width W --height H                  (default 64x48)
     --percent P                           (resolution percentage, default 100)
     --frames N                            (frame_end, frame_start is 1; default 8)
+    --fps F                               (frames per second, e.g. 12 or 29.97: fps and fps_base;
+                                           default Blender's 24)
     --samples S                           (default 8)
     --adaptive                            (adaptive sampling on; default off)
     --format PNG|PNG16|PNGA|EXR           (default PNG)
@@ -51,6 +53,7 @@ def parse_args():
     p.add_argument("--height", type=int, default=48)
     p.add_argument("--percent", type=int, default=100)
     p.add_argument("--frames", type=int, default=8)
+    p.add_argument("--fps", type=float, default=None)
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--adaptive", action="store_true")
     p.add_argument("--format", default="PNG", choices=["PNG", "PNG16", "PNGA", "EXR"])
@@ -116,6 +119,10 @@ def setup_render(scene, args):
     r.use_persistent_data = False
     scene.frame_start = 1
     scene.frame_end = args.frames
+    if args.fps is not None:
+        # Blender keeps an integer rate and a divisor: 29.97 is 30 / 1.001.
+        scene.render.fps = max(1, round(args.fps))
+        scene.render.fps_base = scene.render.fps / args.fps
     scene.frame_current = 1
     if args.threads:
         r.threads_mode = "FIXED"

@@ -56,3 +56,14 @@ ensure_chromium() {
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
   command -v chromium >/dev/null 2>&1 || { echo "error: installing chromium failed; install it by hand (apt-get install chromium) or set TESSERA_CHROMIUM" >&2; exit 1; }
 }
+
+ensure_ffmpeg() {
+  # Debian's ffmpeg (with ffprobe): the coordinator makes preview videos with
+  # it, and the preview tests check them with ffprobe.
+  if command -v ffmpeg >/dev/null 2>&1 && command -v ffprobe >/dev/null 2>&1; then return; fi
+  echo "ffmpeg is not installed; installing Debian's ffmpeg package (preview videos and their tests)..." >&2
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq ffmpeg >/dev/null
+  command -v ffmpeg >/dev/null 2>&1 || { echo "error: installing ffmpeg failed; install it by hand (apt-get install ffmpeg)" >&2; exit 1; }
+}

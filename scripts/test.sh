@@ -9,6 +9,7 @@ source scripts/lib.sh
 ensure_blender
 ensure_vulkan
 ensure_chromium
+ensure_ffmpeg
 ensure_test_tools
 ensure_rust
 

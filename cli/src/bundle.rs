@@ -70,6 +70,8 @@ struct SceneInfo {
     height: u32,
     #[serde(default)]
     file_format: String,
+    #[serde(default)]
+    fps: f64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -182,8 +184,9 @@ fn read(dir: &Path) -> Result<(Manifest, Layout)> {
 }
 
 /// Submits the bundle in `dir`; returns the job id. `args` may override the
-/// frames, raise the priority, add tags and allow missing files.
-pub async fn submit(c: &mut Client, dir: &Path, args: &JobArgs) -> Result<u64> {
+/// frames, raise the priority, add tags and allow missing files; `preview`
+/// asks for a preview video (`submit --preview`).
+pub async fn submit(c: &mut Client, dir: &Path, args: &JobArgs, preview: bool) -> Result<u64> {
     let (m, layout) = read(dir)?;
     if !layout.missing.is_empty() && !args.allow_missing {
         bail!(
@@ -246,6 +249,7 @@ pub async fn submit(c: &mut Client, dir: &Path, args: &JobArgs) -> Result<u64> {
             width: s.width,
             height: s.height,
             file_format: s.file_format,
+            fps: s.fps,
         }),
         device: job.device,
         min_vram_gb: job.min_vram_gb,
@@ -259,6 +263,7 @@ pub async fn submit(c: &mut Client, dir: &Path, args: &JobArgs) -> Result<u64> {
         after: args.after.clone(),
         max_cost: args.max_cost,
         capacity: args.capacity.clone(),
+        preview,
     };
     Ok(c.farm
         .submit_job(spec)

@@ -165,6 +165,8 @@ pub struct SceneFacts {
     pub height: u32,
     /// Blender's output format name (`PNG`, `OPEN_EXR`, ...).
     pub file_format: String,
+    /// Frames per second (fps / fps_base); 0 when not read.
+    pub fps: f64,
 }
 
 impl From<&crate::fileset::Facts> for SceneFacts {
@@ -177,6 +179,7 @@ impl From<&crate::fileset::Facts> for SceneFacts {
             width: f.width,
             height: f.height,
             file_format: f.file_format.clone(),
+            fps: f.fps,
         }
     }
 }

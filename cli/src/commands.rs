@@ -136,7 +136,20 @@ pub async fn run(cli: Cli) -> Result<()> {
             client::wait(&mut c, job).await?;
             Ok(())
         }
-        Command::Fetch { job, output } => {
+        Command::Fetch {
+            job,
+            output,
+            preview: true,
+        } => crate::preview::fetch(&url, job, output).await,
+        Command::Preview { job, output } => crate::preview::make(&url, job, output).await,
+        Command::Fetch {
+            job,
+            output,
+            preview: false,
+        } => {
+            let Some(output) = output else {
+                bail!("give the folder for the frames: tessera fetch {job} -o DIR");
+            };
             let mut c = Client::new(&url)?;
             let j = c.job(job).await?;
             if j.outputs_total == 0 {
@@ -371,6 +384,8 @@ pub struct Prepared {
     features: Vec<String>,
     /// The Blender version that saved the scene.
     saved_with: String,
+    /// Make a preview video when the job is done (`submit --preview`).
+    pub preview: bool,
 }
 
 impl Prepared {
@@ -440,6 +455,7 @@ pub async fn prepare(job: &JobArgs) -> Result<Prepared> {
             fileset::features(&trace)
         },
         saved_with: trace.saved_with.clone(),
+        preview: false,
     })
 }
 
@@ -547,6 +563,7 @@ pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Re
             width: f.width,
             height: f.height,
             file_format: f.file_format,
+            fps: f.fps,
         }),
         device: job.device.clone(),
         min_vram_gb: job.min_vram,
@@ -556,6 +573,7 @@ pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Re
         after: job.after.clone(),
         max_cost: job.max_cost,
         capacity: job.capacity.clone(),
+        preview: prepared.preview,
     };
     let id = c
         .farm
@@ -594,9 +612,10 @@ async fn deps(
 async fn submit(url: &Access, args: SubmitArgs) -> Result<()> {
     let mut c = Client::new(url)?;
     let id = match &args.bundle {
-        Some(dir) => crate::bundle::submit(&mut c, dir, &args.job).await?,
+        Some(dir) => crate::bundle::submit(&mut c, dir, &args.job, args.preview).await?,
         None => {
-            let frames = prepare(&args.job).await?;
+            let mut frames = prepare(&args.job).await?;
+            frames.preview = args.preview;
             submit_job(&mut c, &args.job, frames).await?
         }
     };
@@ -608,6 +627,11 @@ async fn submit(url: &Access, args: SubmitArgs) -> Result<()> {
             eprintln!("{} frame(s) written to {}", frames.len(), dir.display());
             client::say_passes(&passes, &dir);
         }
+        if args.preview {
+            eprintln!("the preview video is made now; `tessera fetch {id} --preview` downloads it when `tessera status {id}` says it is ready");
+        }
+    } else if args.preview {
+        eprintln!("a preview video is made when the job is done; `tessera fetch {id} --preview` downloads it");
     }
     Ok(())
 }

@@ -64,6 +64,9 @@ pub struct Facts {
     pub height: u32,
     /// Blender's output format name (`PNG`, `OPEN_EXR`, ...).
     pub file_format: String,
+    /// Frames per second (fps / fps_base); 0 when not read.
+    #[serde(default)]
+    pub fps: f64,
 }
 
 /// A trace remembered with what it depended on: the files it found (size
@@ -99,12 +102,15 @@ pub async fn trace_cached(blender: &Path, scene: &Path) -> Result<Trace> {
         .await
         .with_context(|| format!("cannot read {}", scene.display()))?;
     let which = which_blender(blender);
+    // The script is part of the key: a trace made by an older deps.py may
+    // lack what this one reads.
     let key = blake3::hash(
         format!(
-            "{digest}\0{}\0{}\0{:?}",
+            "{digest}\0{}\0{}\0{:?}\0{}",
             scene_abs.display(),
             which.display(),
-            stamp(&which)
+            stamp(&which),
+            blake3::hash(DEPS_SCRIPT.as_bytes())
         )
         .as_bytes(),
     )

@@ -8,6 +8,7 @@ mod client;
 mod commands;
 mod fileset;
 mod local;
+mod preview;
 mod serve;
 mod show;
 
@@ -63,13 +64,26 @@ enum Command {
         /// The job id.
         job: u64,
     },
-    /// Download a job's frames.
+    /// Download a job's frames (or, with --preview, its preview video).
     Fetch {
         /// The job id.
         job: u64,
-        /// Directory for the frames.
+        /// Directory for the frames (with --preview: the video's file,
+        /// default `job-N-preview.mp4`).
+        #[arg(short = 'o', long = "output", required_unless_present = "preview")]
+        output: Option<PathBuf>,
+        /// Download the job's preview video instead of its frames.
+        #[arg(long)]
+        preview: bool,
+    },
+    /// Make a done job's preview video (an H.264 MP4 of its frames, at the
+    /// scene's frame rate) on the coordinator, and download it.
+    Preview {
+        /// The job id.
+        job: u64,
+        /// The video's file (default `job-N-preview.mp4`).
         #[arg(short = 'o', long = "output")]
-        output: PathBuf,
+        output: Option<PathBuf>,
     },
     /// Cancel a job: its running renders stop.
     Cancel {
@@ -263,6 +277,12 @@ struct CoordinatorArgs {
     /// finish the queued work within this many minutes.
     #[arg(long, default_value_t = 30.0)]
     target_drain_minutes: f64,
+    /// The ffmpeg that makes preview videos (`submit --preview`, `tessera preview`).
+    #[arg(long, env = "TESSERA_FFMPEG", default_value = "ffmpeg")]
+    ffmpeg: PathBuf,
+    /// The longest one preview video may take to make, in seconds.
+    #[arg(long, default_value_t = 600.0)]
+    preview_timeout: f64,
 }
 
 #[derive(Args, Debug)]
@@ -404,6 +424,10 @@ struct SubmitArgs {
     /// Download the frames here when the job is done (implies --wait).
     #[arg(short = 'o', long = "output")]
     output: Option<PathBuf>,
+    /// Make a preview video (an H.264 MP4 of the frames, at the scene's
+    /// frame rate) when the job is done; `fetch --preview` downloads it.
+    #[arg(long)]
+    preview: bool,
     /// Submit a job bundle exported by the Blender add-on ("Export job
     /// bundle") instead of a scene: its files and settings travel as they
     /// are; --frames, --priority, --tag and --allow-missing still apply.

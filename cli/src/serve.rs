@@ -51,8 +51,19 @@ pub fn coordinator_config(a: &CoordinatorArgs) -> Result<tessera_coordinator::Co
 
 pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     let config = coordinator_config(&args)?;
+    if !(args.preview_timeout.is_finite() && args.preview_timeout > 0.0) {
+        bail!(
+            "--preview-timeout {} is not a number of seconds; use more than 0",
+            args.preview_timeout
+        );
+    }
+    let ffmpeg = tessera_coordinator::preview::encode::Ffmpeg {
+        program: args.ffmpeg.clone(),
+        timeout: std::time::Duration::from_secs_f64(args.preview_timeout.min(86_400.0)),
+    };
     let mut coord = tessera_coordinator::Coordinator::open(&args.data, config)
-        .with_context(|| format!("cannot open the data directory {}", args.data.display()))?;
+        .with_context(|| format!("cannot open the data directory {}", args.data.display()))?
+        .with_ffmpeg(ffmpeg);
     if let Some(path) = coord.admin_token_path() {
         eprintln!(
             "created the admin token: {} (keep it secret; `tessera users add` makes more)",

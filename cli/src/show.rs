@@ -167,6 +167,9 @@ pub fn job(j: &pb::JobView) {
     if !j.message.is_empty() {
         println!("  message   {}", j.message.replace('\n', "\n            "));
     }
+    if let Some(line) = crate::preview::status_line(j) {
+        println!("  preview   {line}");
+    }
     if !j.frame_tiles.is_empty() {
         println!(
             "  tiles     {} per frame, {} px overscan",

@@ -10,6 +10,7 @@
 //! - [`blobs`]: missing blobs, streamed uploads, file sets.
 //! - [`events`]: Server-Sent Events of job and worker changes.
 //! - [`thumb`]: frame thumbnails (EXR tone-mapped).
+//! - [`previews`]: a job's preview video: asked for, and served as MP4.
 //! - [`web`]: the dashboard's pages and its sign-in.
 //! - [`openapi`]: the OpenAPI document, built from the route table.
 //! - [`tls`]: serving the HTTP port over TLS.
@@ -34,6 +35,7 @@ pub mod events;
 pub mod jobs;
 pub mod openapi;
 pub mod pipeline;
+pub mod previews;
 pub mod thumb;
 pub mod tls;
 pub mod web;
@@ -103,6 +105,16 @@ pub fn routes() -> Vec<(Method, &'static str, MethodRouter<Api>)> {
             Method::GET,
             "/api/v1/jobs/{id}/frames/{frame}",
             get(jobs::frame),
+        ),
+        (
+            Method::GET,
+            "/api/v1/jobs/{id}/preview",
+            get(previews::video),
+        ),
+        (
+            Method::POST,
+            "/api/v1/jobs/{id}/preview",
+            post(previews::request),
         ),
         (Method::GET, "/api/v1/workers", get(jobs::workers)),
         (Method::GET, "/api/v1/events", get(events::stream)),

@@ -33,6 +33,7 @@ impl TryFrom<pb::JobSpec> for Submission {
                 width: i.width,
                 height: i.height,
                 file_format: i.file_format,
+                fps: i.fps,
             }),
             device: s.device,
             min_vram_gb: s.min_vram_gb,
@@ -47,6 +48,7 @@ impl TryFrom<pb::JobSpec> for Submission {
             after: s.after,
             max_cost: s.max_cost,
             capacity: s.capacity.parse()?,
+            preview: s.preview,
         })
     }
 }
@@ -197,6 +199,8 @@ impl From<&JobSnapshot> for pb::JobView {
             max_cost: j.max_cost,
             capacity: j.capacity.name().into(),
             usage: Some((&s.usage).into()),
+            preview: preview_view(&j.preview),
+            fps: j.preview.fps.unwrap_or(0.0),
         }
     }
 }
@@ -228,6 +232,34 @@ impl From<&crate::usage::Usage> for pb::JobUsage {
             preempted_cost: u.preempted_cost,
         }
     }
+}
+
+/// A job's preview as the protocol shows it; None when none was asked for.
+fn preview_view(p: &crate::preview::Preview) -> Option<pb::PreviewView> {
+    use crate::preview::Outcome;
+    let state = p.state_name()?.to_string();
+    Some(match &p.outcome {
+        Some(Outcome::Ready(v)) => pb::PreviewView {
+            state,
+            digest: v.digest.to_hex(),
+            size: v.size,
+            frames: v.frames,
+            width: v.width,
+            height: v.height,
+            fps: v.fps,
+            message: v.note.clone(),
+        },
+        Some(Outcome::Failed(why)) => pb::PreviewView {
+            state,
+            message: why.clone(),
+            ..Default::default()
+        },
+        None => pb::PreviewView {
+            state,
+            fps: p.fps_or_fallback().0,
+            ..Default::default()
+        },
+    })
 }
 
 /// The page a job reference asks for, capped.

@@ -14,6 +14,7 @@
 //!   archive and delete;
 //! - `workers`: the registry, telemetry and health;
 //! - `stitching`: the stitch queue; `gc`: blob collection;
+//! - `previews`: the preview queue and preview outcomes;
 //! - `users` and `access`: tokens, and who may do what; `stats`: counters.
 //!
 //! Lease renewals are not written (they would cost a disk flush each);
@@ -54,6 +55,7 @@ mod gc;
 mod jobs;
 mod leases;
 mod pipeline;
+mod previews;
 mod results;
 mod scheduler;
 mod state;
@@ -69,6 +71,7 @@ mod workers;
 
 pub use autoscale::DesiredSlots;
 pub use pipeline::JobUpdate;
+pub use previews::PreviewWork;
 pub use results::PendingResult;
 pub use stats::{Stats, DURATION_BUCKETS};
 pub use txn::Ticket;
@@ -176,10 +179,12 @@ pub struct Submission {
     pub max_cost: Option<f64>,
     /// Which worker capacity it accepts (`--capacity`).
     pub capacity: crate::usage::CapacityPref,
+    /// Make a preview video when the job is done (`submit --preview`).
+    pub preview: bool,
 }
 
 /// Facts about a scene read with Blender by the submitter.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SceneInfo {
     /// Output width in pixels, percentage applied.
     pub width: u32,
@@ -187,6 +192,8 @@ pub struct SceneInfo {
     pub height: u32,
     /// Blender's file format name (`PNG`, `OPEN_EXR`, ...).
     pub file_format: String,
+    /// Frames per second (fps / fps_base); 0 when not read.
+    pub fps: f64,
 }
 
 /// Overscan used when a submission names none.

@@ -395,6 +395,15 @@ impl pb::farm_server::Farm for FarmService {
         Ok(Response::new((&view).into()))
     }
 
+    async fn make_preview(
+        &self,
+        req: Request<pb::JobRef>,
+    ) -> Result<Response<pb::JobView>, Status> {
+        let id = self.owned(&req)?;
+        let view = blocking(&self.farm, move |f| f.request_preview(id)).await?;
+        Ok(Response::new((&view).into()))
+    }
+
     async fn list_workers(
         &self,
         _req: Request<pb::ListWorkersRequest>,

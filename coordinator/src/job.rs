@@ -137,6 +137,10 @@ pub struct Job {
     /// Whether a task was ever leased: jobs it waits for hold it only until then.
     #[serde(default)]
     pub started: bool,
+    /// The scene's frame rate and the job's preview video, when one is
+    /// wanted (see [`crate::preview`]).
+    #[serde(default)]
+    pub preview: crate::preview::Preview,
 }
 
 fn whole() -> Grid {
@@ -233,6 +237,8 @@ impl Job {
         self.message.clear();
         self.finished_ms = None;
         self.failures_by_worker.clear();
+        // Its frames change: a preview asked for is made again when it ends.
+        self.preview.reset();
         Ok(())
     }
 
@@ -296,6 +302,7 @@ mod tests {
             max_cost: None,
             capacity: Default::default(),
             started: false,
+            preview: Default::default(),
         }
     }
 

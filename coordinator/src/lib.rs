@@ -25,6 +25,8 @@
 //! - [`tiles`]: tile grids, overscan and Blender render borders.
 //! - [`stitch`]: assembling a frame from rendered tiles, pixel for pixel.
 //! - [`limits`]: image size limits (`--max-pixels`), checked before allocating.
+//! - [`frame_image`]: frames decoded for people (EXR tone-mapped to sRGB).
+//! - [`preview`]: preview videos of done jobs, made with ffmpeg.
 
 pub mod api;
 pub mod auth;
@@ -36,6 +38,7 @@ pub mod digest;
 pub mod error;
 pub mod farm;
 pub mod fileset;
+pub mod frame_image;
 pub mod frames;
 pub mod grpc;
 pub mod hardware;
@@ -43,6 +46,7 @@ pub mod http;
 pub mod job;
 pub mod limits;
 pub mod metrics;
+pub mod preview;
 pub mod refs;
 pub mod server;
 pub mod stitch;

@@ -1,6 +1,6 @@
 //! Blob reference counts: which stored blobs the farm's records still need.
 //!
-//! A blob is referenced by a job's scene, by each stitched frame, by the
+//! A blob is referenced by a job's scene, by its preview video, by each stitched frame, by the
 //! outputs of a done whole-frame task, and by the tile outputs of a done tile
 //! task until its frame is stitched. Counts are derived from the durable
 //! records (rebuilt at start, kept up to date on every change), so they need no
@@ -52,12 +52,13 @@ impl BlobRefs {
 }
 
 /// The blobs `job` itself references: its scene, its file set and the
-/// set's entries (`files`), and its stitched frames.
+/// set's entries (`files`), its stitched frames and its preview video.
 pub fn job_refs<'a>(job: &'a Job, files: &'a [Digest]) -> impl Iterator<Item = Digest> + 'a {
     std::iter::once(job.scene)
         .chain(job.file_set)
         .chain(files.iter().copied())
         .chain(job.stitched.iter().map(|o| o.digest))
+        .chain(job.preview.digest())
 }
 
 /// The blobs a task of `job` references: its outputs once done, except the

@@ -22,6 +22,8 @@ pub struct Coordinator {
     farm: Arc<Farm>,
     admin_token: Option<std::path::PathBuf>,
     tls: Option<(Vec<u8>, Vec<u8>)>,
+    /// How preview videos are made, and where their frames are laid out.
+    previews: (crate::preview::encode::Ffmpeg, std::path::PathBuf),
 }
 
 /// Writes a secret readable by its owner only.
@@ -46,6 +48,8 @@ impl Coordinator {
         let store = Arc::new(SledStore::open(&data.join("db"))?);
         let blobs = Arc::new(FsBlobStore::open(&data.join("blobs"), config.max_upload)?);
         let farm = Farm::open(store, blobs, Arc::new(SystemClock), config)?;
+        // Frames a preview left behind when the coordinator stopped mid-way.
+        let _ = std::fs::remove_dir_all(data.join("tmp").join("previews"));
         farm.recover_stitching()?;
         let admin_token = match farm.ensure_admin()? {
             Some(token) => {
@@ -60,6 +64,7 @@ impl Coordinator {
             farm: Arc::new(farm),
             admin_token,
             tls: None,
+            previews: (Default::default(), data.join("tmp").join("previews")),
         })
     }
 
@@ -72,6 +77,13 @@ impl Coordinator {
     /// and key (PEM).
     pub fn with_tls(mut self, cert_pem: Vec<u8>, key_pem: Vec<u8>) -> Self {
         self.tls = Some((cert_pem, key_pem));
+        self
+    }
+
+    /// Makes preview videos with this ffmpeg (default: `ffmpeg` on `PATH`,
+    /// at most 10 minutes a preview).
+    pub fn with_ffmpeg(mut self, ffmpeg: crate::preview::encode::Ffmpeg) -> Self {
+        self.previews.0 = ffmpeg;
         self
     }
 
@@ -105,6 +117,11 @@ impl Coordinator {
                 }
             })
         });
+        // Previews are made on a thread of their own, one at a time, until
+        // this returns (the guard stops it).
+        let (ffmpeg, scratch) = self.previews.clone();
+        let _previews =
+            crate::preview::runner::Runner::new(self.farm.clone(), ffmpeg, scratch).start();
         let farm = self.farm.clone();
         let reaper = tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(500));

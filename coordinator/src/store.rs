@@ -659,6 +659,7 @@ mod tests {
             owner: String::new(),
             file_set: None,
             missing_files: Vec::new(),
+            preview: Default::default(),
         }
     }
 

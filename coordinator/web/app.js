@@ -232,10 +232,37 @@ function jobView(job) {
   const thumbs = h("div", { class: "thumbs", id: "thumbs" }, beauty.map((o) =>
     h("figure", {}, h("a", { href: "/api/v1/jobs/" + job.id + "/frames/" + o.frame }, h("img", { class: "thumb", loading: "lazy", src: src(o.frame, 256), alt: "frame " + o.frame, "data-frame": o.frame })), h("figcaption", {}, o.frame))));
   const failures = job.tasks.filter((t) => t.message);
-  return [head, h("h2", {}, "Frames"), grid, tilesOf(job), h("h2", {}, "Last frame"), hero,
+  return [head, h("h2", {}, "Frames"), grid, tilesOf(job), previewOf(job, act), h("h2", {}, "Last frame"), hero,
     beauty.length ? [h("h2", {}, "All frames"), thumbs] : null,
     failures.length ? [h("h2", {}, "Failures"), failures.map((t) =>
       h("div", { class: "card failure" }, h("strong", {}, "task " + t.index + " (frames " + t.frames.join(",") + ") · " + t.state + " · " + t.attempts + " attempt(s)" + (t.worker ? " · " + t.worker : "")), h("pre", {}, t.message)))] : null];
+}
+
+// The job's preview video (an MP4 the coordinator made with ffmpeg): the
+// player when it is ready, why not when it failed, and a button to ask for
+// one. The player is kept across re-renders so that playback goes on.
+let player = null;
+function previewOf(job, act) {
+  const p = job.preview;
+  const src = "/api/v1/jobs/" + job.id + "/preview";
+  const ask = mayChange(job) && job.state === "done" && (!p || p.state === "failed")
+    ? h("div", { class: "actions" }, act("preview", p ? "Try again" : "Make preview video")) : null;
+  if (!p) return ask ? [h("h2", {}, "Preview video"), ask] : null;
+  let body;
+  if (p.state === "ready") {
+    if (!player || player.dataset.digest !== p.digest) {
+      player = h("video", { id: "preview", class: "preview", src: src, controls: true, loop: true, muted: true, preload: "metadata", "data-digest": p.digest });
+    }
+    body = [player, h("p", { class: "muted" }, p.frames + " frames · " + p.width + "×" + p.height + " · " + p.fps + " fps · " +
+      Math.ceil(p.size / 1024) + " KiB · ", h("a", { href: src, download: "job-" + job.id + "-preview.mp4" }, "download MP4")),
+      p.message ? h("p", { class: "muted" }, p.message) : null];
+  } else if (p.state === "failed") {
+    body = [h("p", { class: "error" }, "No preview video:"), h("pre", { id: "preview-error" }, p.message), ask];
+  } else {
+    body = h("p", { class: "muted", id: "preview-pending" }, job.state === "done" ? "Being made…" : "Made when the job is done (" + p.fps + " fps).");
+  }
+  // One level deep, like the rest of the page's parts.
+  return [h("h2", {}, "Preview video")].concat(body);
 }
 
 let current = null, render = () => {}, refresh = () => {};

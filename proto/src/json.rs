@@ -88,6 +88,8 @@ pub fn job(j: &pb::JobView) -> Value {
             "preempted_cost": u.preempted_cost,
         })),
         "outputs": j.outputs.iter().map(|o| json!({"frame": o.frame, "digest": o.digest, "ext": o.ext, "size": o.size, "pass": o.pass})).collect::<Vec<_>>(),
+        "fps": if j.fps > 0.0 { json!(j.fps) } else { Value::Null },
+        "preview": j.preview.as_ref().map(preview),
         "samples": samples(j),
         "samples_done": j.samples_done,
         "samples_total": j.samples_total,
@@ -112,6 +114,20 @@ pub fn job(j: &pb::JobView) -> Value {
                 "end": a.end,
             })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
+    })
+}
+
+/// A job's preview video as JSON.
+pub fn preview(p: &pb::PreviewView) -> Value {
+    json!({
+        "state": p.state,
+        "digest": p.digest,
+        "size": p.size,
+        "frames": p.frames,
+        "width": p.width,
+        "height": p.height,
+        "fps": p.fps,
+        "message": p.message,
     })
 }
 

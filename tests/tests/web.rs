@@ -452,10 +452,14 @@ fn the_dashboard_signs_in_shows_a_job_finish_live_and_cancels_another() {
             b.eval("document.querySelectorAll('#tiles .cell.done').length"),
             json!(4)
         );
-        // A finished job offers no pause or cancel.
+        // A finished job offers no pause or cancel; only a preview video.
         assert_eq!(
-            b.eval("document.querySelectorAll('button[data-action]').length"),
+            b.eval("document.querySelectorAll('button[data-action]:not([data-action=preview])').length"),
             json!(0)
+        );
+        assert_eq!(
+            b.eval("document.querySelector('button[data-action=preview]').textContent"),
+            json!("Make preview video")
         );
         b.screenshot(&shots.join("dashboard-job.png"));
 

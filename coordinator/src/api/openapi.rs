@@ -69,6 +69,12 @@ pub fn describe(method: &Method, path: &str) -> Option<Value> {
         ("GET", "/api/v1/jobs/{id}/frames/{frame}") => {
             json!({"summary": "a rendered frame (image/png or image/x-exr), or with ?thumb=N a PNG thumbnail at most N pixels on a side (EXR tone-mapped)", "query": [["thumb", "thumbnail size in pixels (1-1024)"]], "ok": ["200", "Image"]})
         }
+        ("GET", "/api/v1/jobs/{id}/preview") => {
+            json!({"summary": "the job's preview video (video/mp4, H.264), whole or a byte range (Range: bytes=A-B); 404 while it is not made", "ok": ["200", "Video"]})
+        }
+        ("POST", "/api/v1/jobs/{id}/preview") => {
+            json!({"summary": "ask for the job's preview video: made with ffmpeg when the job is done (a failed one is tried again); answers the job, whose `preview` says when it is ready", "ok": ["200", "Job"]})
+        }
         ("GET", "/api/v1/workers") => {
             json!({"summary": "every worker: slots, GPUs with telemetry, health and drain reason", "ok": ["200", "WorkerList"]})
         }
@@ -142,6 +148,15 @@ fn operation(method: &Method, path: &str) -> Value {
     op
 }
 
+/// A job's preview video in a job view.
+fn preview_schema() -> Value {
+    json!({"type": "object", "properties": {
+        "state": {"enum": ["pending", "ready", "failed"]}, "digest": {"type": "string"},
+        "size": {"type": "integer"}, "frames": {"type": "integer"}, "width": {"type": "integer"},
+        "height": {"type": "integer"}, "fps": {"type": "number"}, "message": {"type": "string"},
+    }})
+}
+
 /// The whole document.
 pub fn document() -> Value {
     let mut paths = Map::new();
@@ -168,6 +183,7 @@ pub fn document() -> Value {
                 "Empty": s(json!({})),
                 "Any": {},
                 "Image": {"type": "string", "format": "binary"},
+                "Video": {"type": "string", "format": "binary", "description": "video/mp4"},
                 "EventStream": {"type": "string", "description": "text/event-stream"},
                 "JobSpec": s(json!({
                     "scene_digest": {"type": "string"}, "scene_name": {"type": "string"},
@@ -175,7 +191,7 @@ pub fn document() -> Value {
                     "chunk": {"type": "integer"}, "priority": {"type": "integer"},
                     "max_attempts": {"type": "integer"}, "tiles": {"type": "string", "examples": ["2x2"]},
                     "overscan": {"type": "integer"},
-                    "scene_info": s(json!({"width": {"type": "integer"}, "height": {"type": "integer"}, "file_format": {"type": "string"}})),
+                    "scene_info": s(json!({"width": {"type": "integer"}, "height": {"type": "integer"}, "file_format": {"type": "string"}, "fps": {"type": "number"}})),
                     "device": {"enum": ["", "any", "cpu", "cuda", "optix"]}, "min_vram_gb": {"type": "number"},
                     "tags": {"type": "array", "items": {"type": "string"}},
                     "file_set_digest": {"type": "string"},
@@ -183,6 +199,7 @@ pub fn document() -> Value {
                     "after": {"type": "array", "items": {"type": "integer"}},
                     "max_cost": {"type": "number"},
                     "capacity": {"enum": ["", "spot-ok", "on-demand-only"]},
+                    "preview": {"type": "boolean"},
                 })),
                 "JobCheck": s(json!({"tasks": {"type": "integer"}, "frames": {"type": "integer"}, "workers": {"type": "integer"}, "waiting": {"type": "string"}})),
                 "JobCreated": s(json!({"job_id": {"type": "integer"}})),
@@ -196,7 +213,10 @@ pub fn document() -> Value {
                     "tasks": {"type": "array", "items": {"type": "object"}},
                     "frame_tiles": {"type": "array", "items": {"type": "object"}},
                     "waiting": {"type": "string"}, "message": {"type": "string"}, "owner": {"type": "string"},
+                    "fps": {"type": ["number", "null"]},
+                    "preview": {"oneOf": [{"type": "null"}, {"$ref": "#/components/schemas/Preview"}]},
                 })),
+                "Preview": preview_schema(),
                 "JobList": s(json!({"jobs": {"type": "array", "items": {"$ref": "#/components/schemas/Job"}}, "next_after": {"type": ["integer", "null"]}})),
                 "WorkerList": s(json!({"workers": {"type": "array", "items": {"type": "object"}}})),
                 "Digests": s(json!({"digests": {"type": "array", "items": {"type": "string"}}})),

@@ -52,6 +52,7 @@ impl Farm {
             max_cost: sub.max_cost,
             capacity: sub.capacity,
             started: false,
+            preview: Default::default(),
         };
         let now = self.clock.now_ms();
         let st = self.lock();

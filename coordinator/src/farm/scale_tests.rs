@@ -221,6 +221,7 @@ fn untouched_tasks_are_rebuilt_from_their_job_and_stored_ones_laid_over_them() {
         width: 97,
         height: 61,
         file_format: "PNG".into(),
+        fps: 0.0,
     });
     let tiled = f.farm.submit(tiled).unwrap();
     let w = worker(&f.farm, "a");

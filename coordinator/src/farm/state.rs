@@ -50,6 +50,9 @@ pub(super) struct State {
     /// stitched yet: the stitch queue (derived from the records, so a crash
     /// loses nothing).
     pub(super) to_stitch: BTreeSet<(JobId, u32)>,
+    /// Done jobs whose preview video is wanted and not made yet: the preview
+    /// queue (derived from the records, like the stitch queue).
+    pub(super) to_preview: BTreeSet<JobId>,
     /// The entries of each job's file set, by file-set blob.
     pub(super) file_sets: HashMap<Digest, Arc<[Digest]>>,
     /// Stitch attempts of a frame that could not read its tiles, and when
@@ -236,6 +239,14 @@ impl State {
             }
             Some(_) => {}
         }
+        // A preview made (or made again) references its video instead.
+        if let Some(old) = &old_job {
+            let (was, now) = (old.preview.digest(), job.preview.digest());
+            if was != now {
+                added.extend(now);
+                released.extend(was);
+            }
+        }
         let list = self.tasks.entry(id).or_default();
         let index = self.index.entry(id).or_default();
         let mut changed_idx: HashSet<u32> = HashSet::new();
@@ -306,6 +317,11 @@ impl State {
             newly_ready = index.ready.len();
         }
         self.note_pipeline(&job, old_job.as_ref());
+        if job.preview.is_due(job.state) {
+            self.to_preview.insert(id);
+        } else {
+            self.to_preview.remove(&id);
+        }
         self.jobs.insert(id, job);
         if became_final {
             let keys: Vec<(JobId, u32)> = self
@@ -336,6 +352,7 @@ impl State {
         let job = self.jobs.remove(&id)?;
         let tasks = self.tasks.remove(&id).unwrap_or_default();
         self.index.remove(&id);
+        self.to_preview.remove(&id);
         self.runnable.remove(&(Reverse(job.priority), id));
         let mut released: Vec<Digest> = refs::job_refs(&job, self.files_of(&job)).collect();
         for t in &tasks {

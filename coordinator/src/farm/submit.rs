@@ -93,6 +93,7 @@ impl Farm {
         };
         let requirements = Requirements::parse(&sub.device, sub.min_vram_gb, &sub.tags)?
             .with_features(&sub.features)?;
+        crate::preview::scene_fps(sub.scene_info.as_ref().map(|i| i.fps))?;
         Ok(Plan {
             frames,
             chunk,
@@ -160,6 +161,10 @@ impl Farm {
         if let Some(m) = sub.max_cost {
             pipeline::check_budget(m)?;
         }
+        let preview = crate::preview::Preview::at_submit(
+            sub.preview,
+            sub.scene_info.as_ref().map(|i| i.fps),
+        )?;
         let file_set = sub
             .file_set
             .map(|d| self.check_file_set(&d, &sub.scene))
@@ -222,6 +227,7 @@ impl Farm {
             max_cost: sub.max_cost,
             capacity: sub.capacity,
             started: false,
+            preview,
         };
         // A new task is what its job's record says it is: tasks are not
         // written until they change (see `initial_tasks`), so a million

@@ -83,6 +83,7 @@ pub(super) fn sub(scene: Digest, frames: &str, chunk: u32) -> Submission {
         owner: "alice".into(),
         file_set: None,
         features: Vec::new(),
+        preview: false,
     }
 }
 

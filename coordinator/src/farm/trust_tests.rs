@@ -65,6 +65,7 @@ fn submission(scene: Digest, frames: &str, tiles: &str) -> Submission {
             width: 4,
             height: 2,
             file_format: "PNG".into(),
+            fps: 0.0,
         }),
         device: String::new(),
         min_vram_gb: 0.0,
@@ -72,6 +73,7 @@ fn submission(scene: Digest, frames: &str, tiles: &str) -> Submission {
         owner: "alice".into(),
         file_set: None,
         features: Vec::new(),
+        preview: false,
     }
 }
 

@@ -323,6 +323,7 @@ pub fn lanes(
             width: 5000,
             height: 5000,
             file_format: "PNG".into(),
+            ..Default::default()
         });
         refused(
             farm.submit_job(authed(big, alice)).await,

@@ -100,6 +100,7 @@ fn submit(f: &Fixture, owner: &str, frames: &str) -> JobId {
             owner: owner.into(),
             file_set: None,
             features: Vec::new(),
+            preview: false,
         })
         .unwrap()
 }
@@ -339,6 +340,7 @@ fn missing_blobs_reveals_nothing_and_uploads_prove_possession() {
         owner: owner.name.clone(),
         file_set: None,
         features: Vec::new(),
+        preview: false,
     };
     let refused = f.farm.check_submission(&bob, &sub(&bob)).unwrap_err();
     let never = Submission {
@@ -423,6 +425,7 @@ fn a_job_names_only_file_sets_and_files_its_submitter_uploaded() {
         owner: owner.name.clone(),
         file_set: Some(set),
         features: Vec::new(),
+        preview: false,
     };
     f.farm.check_submission(&alice, &sub(&alice, set)).unwrap();
     // Bob holds the scene (he uploaded it too) but not alice's file set...
@@ -490,6 +493,7 @@ fn a_scene_over_the_pixel_limit_is_refused_at_submit() {
             width: 20000,
             height: 20000,
             file_format: "PNG".into(),
+            fps: 0.0,
         }),
         device: String::new(),
         min_vram_gb: 0.0,
@@ -497,6 +501,7 @@ fn a_scene_over_the_pixel_limit_is_refused_at_submit() {
         owner: "alice".into(),
         file_set: None,
         features: Vec::new(),
+        preview: false,
     };
     let err = f.farm.check_submission(&alice, &s).unwrap_err();
     assert!(
@@ -509,6 +514,7 @@ fn a_scene_over_the_pixel_limit_is_refused_at_submit() {
         width: 16384,
         height: 16384,
         file_format: "PNG".into(),
+        fps: 0.0,
     });
     f.farm.check_submission(&alice, &s).unwrap();
 }
