@@ -9,6 +9,7 @@
 //! - [`verify`]: whether a frame is one Blender really rendered for the task.
 //! - [`failure`]: who could fix a failed render (the failure's scope), and how.
 //! - [`isolation`]: Blender's command line and environment; hiding the worker's memory.
+//! - [`metadata`]: Blender's volatile stamps taken out of images, read into render stats.
 //! - [`passes`]: extra outputs of a frame (File Output nodes) and their names.
 //! - [`cache`]: the scene cache, keyed by blake3 digest.
 //! - [`capabilities`]: what this worker's Blender can render (version, denoiser, OSL, Eevee).
@@ -28,6 +29,7 @@ pub mod fileset;
 pub mod gpu;
 pub mod image_size;
 pub mod isolation;
+pub mod metadata;
 pub mod passes;
 pub mod session;
 pub mod slots;
