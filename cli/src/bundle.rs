@@ -256,6 +256,7 @@ pub async fn submit(c: &mut Client, dir: &Path, args: &JobArgs) -> Result<u64> {
         } else {
             job.features
         },
+        verify: args.verify,
     };
     Ok(c.farm
         .submit_job(spec)

@@ -497,6 +497,7 @@ pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Re
         tags: job.tag.clone(),
         file_set_digest: file_set.unwrap_or_default(),
         features: prepared.features.clone(),
+        verify: job.verify,
     };
     let id = c
         .farm

@@ -98,6 +98,8 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         path_map: Vec::new(),
         grace: std::time::Duration::ZERO,
         fail_first_render: false,
+        untrusted: false,
+        test_corrupt_pixel: false,
     };
     let mode = crate::commands::render_mode(args.fresh_process, 60.0)?;
     let worker = tokio::spawn(tessera_worker::agent::run_blender(

@@ -238,6 +238,10 @@ struct CoordinatorArgs {
     /// Allow plain text on a non-loopback address (tokens travel unencrypted).
     #[arg(long)]
     allow_plaintext: bool,
+    /// The fraction of tasks done by untrusted workers (`worker --untrusted`)
+    /// rendered again on a different worker and compared (0..1).
+    #[arg(long, default_value_t = tessera_coordinator::DEFAULT_VERIFY_UNTRUSTED, value_parser = fraction)]
+    verify_untrusted: f64,
 }
 
 #[derive(Args, Debug)]
@@ -300,6 +304,14 @@ struct WorkerArgs {
     /// driver would, so tests can check that a failed session is never used again.
     #[arg(long, hide = true)]
     fail_first_render: bool,
+    /// This machine is not the operator's own (a rented or volunteer pool):
+    /// the coordinator verifies a share of its tasks (`--verify-untrusted`).
+    #[arg(long)]
+    untrusted: bool,
+    /// TEST ONLY: change one pixel of every PNG this worker renders, after
+    /// Blender wrote it, so tests can check that verification catches it.
+    #[arg(long, hide = true)]
+    test_corrupt_pixel: bool,
 }
 
 /// What a job asks for; shared by `submit` and `render`.
@@ -350,6 +362,21 @@ struct JobArgs {
     /// are not uploaded; each worker reaches them through its `--path-map`.
     #[arg(long)]
     shared: Vec<PathBuf>,
+    /// Render this fraction of tasks (0..1) a second time on a different
+    /// worker and compare digests; frames are delivered once two agree, a
+    /// mismatch is settled by a third worker (at least one task when above 0).
+    #[arg(long, default_value_t = 0.0, value_parser = fraction)]
+    verify: f64,
+}
+
+/// A fraction from 0 to 1, for `--verify` and `--verify-untrusted`.
+fn fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "`{s}` is not a fraction of tasks; use a number from 0 to 1, e.g. 0.05"
+        )),
+    }
 }
 
 #[derive(Args, Debug)]

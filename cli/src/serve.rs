@@ -42,6 +42,8 @@ pub fn coordinator_config(a: &CoordinatorArgs) -> Result<tessera_coordinator::Co
             Some(d) => bail!("--keep-days {d} is not a number of days; use 0 or more"),
             None => None,
         },
+        verify_untrusted: a.verify_untrusted,
+        ..Default::default()
     })
 }
 
@@ -224,6 +226,8 @@ pub async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
             .collect::<Result<_>>()?,
         grace: grace(args.grace)?,
         fail_first_render: args.fail_first_render,
+        untrusted: args.untrusted,
+        test_corrupt_pixel: args.test_corrupt_pixel,
     };
     tracing::info!(blender = %version, slots, "worker starting");
     let mode = render_mode(args.fresh_process, args.session_idle)?;

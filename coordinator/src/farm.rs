@@ -61,6 +61,9 @@ mod submit;
 mod trust_tests;
 mod txn;
 mod users;
+mod verification;
+#[cfg(test)]
+mod verification_tests;
 mod views;
 mod workers;
 
@@ -105,6 +108,10 @@ pub struct Config {
     /// Finished jobs are archived this long after they end (`--keep-days`);
     /// None keeps them live.
     pub keep_ms: Option<u64>,
+    /// The fraction of an untrusted worker's tasks verified (`--verify-untrusted`).
+    pub verify_untrusted: f64,
+    /// Seed of the choice of verified tasks.
+    pub verify_seed: u64,
 }
 
 impl Default for Config {
@@ -124,6 +131,8 @@ impl Default for Config {
             max_workers_per_token: 1024,
             max_slots: 256,
             keep_ms: None,
+            verify_untrusted: crate::verify::DEFAULT_VERIFY_UNTRUSTED,
+            verify_seed: crate::verify::DEFAULT_SEED,
         }
     }
 }
@@ -161,6 +170,8 @@ pub struct Submission {
     pub file_set: Option<Digest>,
     /// Blender features the scene needs.
     pub features: Vec<String>,
+    /// The fraction of tasks rendered twice and compared (0..1).
+    pub verify: f64,
 }
 
 /// Facts about a scene read with Blender by the submitter.
@@ -250,6 +261,8 @@ pub struct Registration {
     /// The user whose token registers it (set from the token, never from
     /// the message).
     pub owner: String,
+    /// Not the operator's machine (`worker --untrusted`).
+    pub untrusted: bool,
 }
 
 /// A worker as shown to users.

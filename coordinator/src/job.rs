@@ -125,6 +125,13 @@ pub struct Job {
     /// Files the scene needs that were not submitted (`--allow-missing`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing_files: Vec<String>,
+    /// The fraction of its tasks rendered twice and compared (`--verify`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub verify: f64,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 fn whole() -> Grid {
@@ -264,6 +271,7 @@ mod tests {
             owner: String::new(),
             file_set: None,
             missing_files: Vec::new(),
+            verify: 0.0,
         }
     }
 

@@ -25,6 +25,8 @@
 //! - [`tiles`]: tile grids, overscan and Blender render borders.
 //! - [`stitch`]: assembling a frame from rendered tiles, pixel for pixel.
 //! - [`limits`]: image size limits (`--max-pixels`), checked before allocating.
+//! - [`verify`]: verifiable frames: which tasks are rendered twice, what
+//!   several results settle, render statistics.
 
 pub mod api;
 pub mod auth;
@@ -49,8 +51,10 @@ pub mod stitch;
 pub mod store;
 pub mod task;
 pub mod tiles;
+pub mod verify;
 pub mod worker;
 
 pub use error::Error;
 pub use farm::{Config, Farm};
 pub use server::Coordinator;
+pub use verify::DEFAULT_VERIFY_UNTRUSTED;

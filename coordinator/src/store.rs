@@ -652,6 +652,7 @@ mod tests {
             owner: String::new(),
             file_set: None,
             missing_files: Vec::new(),
+            verify: 0.0,
         }
     }
 

@@ -201,6 +201,13 @@ pub struct Task {
     /// never given to them again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub machine_failed_on: Vec<WorkerId>,
+    /// What Blender stamped into the frames of its result (render time,
+    /// samples, memory), kept with the outputs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stats: Vec<crate::verify::FrameStats>,
+    /// Results held until a second worker agrees (see [`crate::verify`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<crate::verify::Verification>,
 }
 
 impl Task {
@@ -220,6 +227,8 @@ impl Task {
             samples_done: 0,
             samples_total: 0,
             machine_failed_on: Vec::new(),
+            stats: Vec::new(),
+            verify: None,
         }
     }
 

@@ -59,6 +59,11 @@ pub struct WorkerConfig {
     /// TESTS ONLY: the first Blender session of each slot fails its renders
     /// as a crashing GPU driver would (`tessera worker --fail-first-render`).
     pub fail_first_render: bool,
+    /// An untrusted machine: the coordinator verifies a share of its tasks.
+    pub untrusted: bool,
+    /// TESTS ONLY: change one pixel of every PNG frame (`tessera worker
+    /// --test-corrupt-pixel`, see [`crate::corrupt`]).
+    pub test_corrupt_pixel: bool,
 }
 
 /// A worker's GPUs and their telemetry sources.
@@ -290,6 +295,7 @@ async fn register<R: Renderer>(
         cached_scenes: shared.cache.digests(),
         notes: shared.config.hardware.notes.clone(),
         blender_features: shared.config.blender_features.clone(),
+        untrusted: shared.config.untrusted,
     };
     let mut delay = Duration::from_millis(200);
     loop {
@@ -433,10 +439,11 @@ async fn run_task<R: Renderer>(
     heartbeat.abort();
     watcher.abort();
     match outcome {
-        Ok(outputs) => {
+        Ok((outputs, stats)) => {
             let req = pb::CompleteRequest {
                 lease_id: lease.clone(),
                 outputs,
+                stats,
             };
             match retry("reporting a result", RESULT_PATIENCE, || {
                 let (mut c, r) = (client.clone(), req.clone());
@@ -537,7 +544,7 @@ async fn execute<R: Renderer>(
     slot: u32,
     progress: Arc<Progress>,
     stop: watch::Receiver<bool>,
-) -> Result<Vec<pb::FrameOutput>, RenderFailure> {
+) -> Result<(Vec<pb::FrameOutput>, Vec<pb::FrameStats>), RenderFailure> {
     let transfer_failed = |what: String| failure(Kind::Transfer, what, "", String::new());
     let mut blobs = pb::blobs_client::BlobsClient::new(shared.channel.clone());
     // A job with a file set renders from its root, built from the file cache.
@@ -641,7 +648,13 @@ async fn execute<R: Renderer>(
     }
     let frames = frames?;
     let mut outputs = Vec::with_capacity(frames.len());
+    let mut stats = Vec::with_capacity(frames.len());
+    let corrupt = shared.config.test_corrupt_pixel;
     for f in frames {
+        stats.push(stamps::settle(&f.path, f.frame, corrupt).await);
+        for p in &f.passes {
+            stamps::settle(&p.path, f.frame, false).await;
+        }
         let output = upload(&blobs, &f.path, f.frame)
             .await
             .map_err(|e| transfer_failed(format!("cannot upload frame {}: {e}", f.frame)))?;
@@ -663,7 +676,7 @@ async fn execute<R: Renderer>(
             });
         }
     }
-    Ok(outputs)
+    Ok((outputs, stats))
 }
 
 /// Hashes and uploads one file of `frame`; the output lacks its extension and pass.
@@ -734,4 +747,5 @@ pub async fn run_blender(
 }
 
 mod report;
+mod stamps;
 use report::{gpu_messages, memory_bytes, send_telemetry, slot_info};

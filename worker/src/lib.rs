@@ -13,6 +13,7 @@
 //! - [`passes`]: extra outputs of a frame (File Output nodes) and their names.
 //! - [`cache`]: the scene cache, keyed by blake3 digest.
 //! - [`capabilities`]: what this worker's Blender can render (version, denoiser, OSL, Eevee).
+//! - [`corrupt`]: TESTS ONLY: a worker that changes one pixel of its frames.
 //! - [`fileset`]: job roots built from file sets, and the bounded file cache.
 //! - [`transfer`]: streaming blobs to and from a coordinator (also used by the CLI).
 //! - [`gpu`]: probing the machine's GPUs (Vulkan) and their telemetry (NVML).
@@ -23,6 +24,7 @@ pub mod agent;
 pub mod blender;
 pub mod cache;
 pub mod capabilities;
+pub mod corrupt;
 pub mod error;
 pub mod failure;
 pub mod fileset;

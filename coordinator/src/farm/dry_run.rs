@@ -48,6 +48,7 @@ impl Farm {
             owner: sub.owner.clone(),
             file_set: None,
             missing_files: Vec::new(),
+            verify: sub.verify,
         };
         let now = self.clock.now_ms();
         let st = self.lock();

@@ -17,7 +17,17 @@ pub struct PendingResult {
 impl Farm {
     /// Records a task's result. Every output blob must already be stored.
     pub fn complete(&self, lease: LeaseId, outputs: Vec<FrameOutput>) -> Result<Completion, Error> {
-        let pending = self.complete_begin(lease, outputs)?;
+        self.complete_with_stats(lease, outputs, Vec::new())
+    }
+
+    /// Records a task's result with what Blender stamped into its frames.
+    pub fn complete_with_stats(
+        &self,
+        lease: LeaseId,
+        outputs: Vec<FrameOutput>,
+        stats: Vec<crate::verify::FrameStats>,
+    ) -> Result<Completion, Error> {
+        let pending = self.complete_begin_with_stats(lease, outputs, stats)?;
         pending.ticket.wait()?;
         if let Some((job, frame)) = pending.stitch {
             self.stitch_ready(job, frame);
@@ -42,6 +52,18 @@ impl Farm {
         lease: LeaseId,
         outputs: Vec<FrameOutput>,
     ) -> Result<PendingResult, Error> {
+        self.complete_begin_with_stats(lease, outputs, Vec::new())
+    }
+
+    /// [`Farm::complete_begin`] with the frames' render statistics. A result
+    /// of a task sampled for verification is held until a second worker
+    /// agrees ([`crate::verify`]).
+    pub fn complete_begin_with_stats(
+        &self,
+        lease: LeaseId,
+        outputs: Vec<FrameOutput>,
+        stats: Vec<crate::verify::FrameStats>,
+    ) -> Result<PendingResult, Error> {
         for o in &outputs {
             check_output(o)?;
         }
@@ -64,6 +86,42 @@ impl Farm {
                 TaskState::Leased { since_ms, .. } if since_ms > 0 => Some(since_ms),
                 _ => None,
             };
+            let (outputs, extra) =
+                match self.verdict(&mut st, lease, &mut task, &job, outputs, stats)? {
+                    verification::Verdict::Deliver {
+                        outputs,
+                        stats,
+                        extra,
+                    } => {
+                        task.stats = stats;
+                        (outputs, extra)
+                    }
+                    verification::Verdict::Held => {
+                        let h = holder.as_ref().map(|h| (h, true));
+                        let ticket = self.apply(&mut st, vec![task], job, h);
+                        return Ok(PendingResult {
+                            completion: Completion::Recorded,
+                            ticket,
+                            stitch: None,
+                        });
+                    }
+                    verification::Verdict::Ignored => {
+                        return Ok(PendingResult {
+                            completion: Completion::Duplicate,
+                            ticket: Ticket::none(),
+                            stitch: None,
+                        })
+                    }
+                    verification::Verdict::Unsettled(why) => {
+                        drop(st);
+                        self.fail(lease, &why, "", FailureScope::Everywhere)?;
+                        return Ok(PendingResult {
+                            completion: Completion::Recorded,
+                            ticket: Ticket::none(),
+                            stitch: None,
+                        });
+                    }
+                };
             let completion = task.complete(lease.grant, outputs)?;
             if let (Completion::Recorded, Some(since)) = (completion, since) {
                 let secs = now.saturating_sub(since) as f64 / 1000.0;
@@ -91,7 +149,16 @@ impl Farm {
                 job.finish(now)?;
                 tracing::info!(job = %job.id, "job done");
             }
-            let ticket = self.apply(&mut st, vec![task], job, holder.as_ref().map(|h| (h, true)));
+            let ticket = if extra.is_empty() {
+                self.apply(&mut st, vec![task], job, holder.as_ref().map(|h| (h, true)))
+            } else {
+                if let Some(r) = holder.as_ref().and_then(|h| st.workers.get_mut(h)) {
+                    r.tasks_done += 1;
+                }
+                let mut extra = extra;
+                extra.extend(holder.as_ref().and_then(|h| st.workers.get(h)).cloned().map(Owned::Worker));
+                self.save(&mut st, job, vec![task], extra)
+            };
             (
                 st.to_stitch.contains(&(lease.job, frame)).then_some(frame),
                 ticket,

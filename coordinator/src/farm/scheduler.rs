@@ -69,6 +69,9 @@ fn first_ready(
         if t.machine_failed_on.contains(worker) {
             return false;
         }
+        if t.verify.is_some() && !st.workers.get(worker).is_some_and(|w| verification::may_take(t, w)) {
+            return false;
+        }
         if !t.failed_on.contains(worker) {
             return true;
         }
@@ -109,6 +112,7 @@ pub(super) fn pick(
         if !job.requirements.satisfied_by(slot, tags)
             || !job.requirements.features_met(features)
             || !may_serve(st, job, worker, block_after, available)
+            || verification::barred(job, st.workers.get(worker))
         {
             continue;
         }

@@ -24,4 +24,8 @@ pub struct Stats {
     pub commits: u64,
     /// Changes those transactions held (group commit puts several in one).
     pub committed_changes: u64,
+    /// Verification renders compared with an earlier result of their task.
+    pub verify_checks: u64,
+    /// Tasks whose results differed between workers (counted once a task).
+    pub verify_mismatches: u64,
 }

@@ -198,6 +198,7 @@ impl Farm {
             owner: sub.owner.clone(),
             file_set: sub.file_set,
             missing_files,
+            verify: sub.verify,
         };
         // A new task is what its job's record says it is: tasks are not
         // written until they change (see `initial_tasks`), so a million

@@ -59,6 +59,7 @@ pub(super) fn config() -> Config {
         max_workers_per_token: 1024,
         max_slots: 256,
         keep_ms: None,
+        ..Config::default()
     }
 }
 
@@ -79,6 +80,7 @@ pub(super) fn sub(scene: Digest, frames: &str, chunk: u32) -> Submission {
         owner: "alice".into(),
         file_set: None,
         features: Vec::new(),
+        verify: 0.0,
     }
 }
 

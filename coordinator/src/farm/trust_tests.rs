@@ -69,6 +69,7 @@ fn submission(scene: Digest, frames: &str, tiles: &str) -> Submission {
         owner: "alice".into(),
         file_set: None,
         features: Vec::new(),
+        verify: 0.0,
     }
 }
 

@@ -48,6 +48,9 @@ impl Farm {
             notes: reg.notes,
             features: reg.features,
             owner: reg.owner,
+            untrusted: reg.untrusted,
+            // A worker coming back keeps what it was caught doing.
+            suspect: old.map_or_else(Vec::new, |o| o.suspect.clone()),
         };
         tracing::info!(worker = %id, name = %record.name, slots = record.slots, "worker registered");
         let ticket = self.commit(&st, vec![Owned::Worker(record.clone())]);

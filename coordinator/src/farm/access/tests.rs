@@ -97,6 +97,7 @@ fn submit(f: &Fixture, owner: &str, frames: &str) -> JobId {
             owner: owner.into(),
             file_set: None,
             features: Vec::new(),
+            verify: 0.0,
         })
         .unwrap()
 }
@@ -333,6 +334,7 @@ fn missing_blobs_reveals_nothing_and_uploads_prove_possession() {
         owner: owner.name.clone(),
         file_set: None,
         features: Vec::new(),
+        verify: 0.0,
     };
     let refused = f.farm.check_submission(&bob, &sub(&bob)).unwrap_err();
     let never = Submission {
@@ -411,6 +413,7 @@ fn a_job_names_only_file_sets_and_files_its_submitter_uploaded() {
         owner: owner.name.clone(),
         file_set: Some(set),
         features: Vec::new(),
+        verify: 0.0,
     };
     f.farm.check_submission(&alice, &sub(&alice, set)).unwrap();
     // Bob holds the scene (he uploaded it too) but not alice's file set...
@@ -482,6 +485,7 @@ fn a_scene_over_the_pixel_limit_is_refused_at_submit() {
         owner: "alice".into(),
         file_set: None,
         features: Vec::new(),
+        verify: 0.0,
     };
     let err = f.farm.check_submission(&alice, &s).unwrap_err();
     assert!(
