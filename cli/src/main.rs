@@ -10,6 +10,7 @@ mod fileset;
 mod local;
 mod serve;
 mod show;
+mod show_verify;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

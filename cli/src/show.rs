@@ -18,7 +18,7 @@ fn age(ms: u64) -> String {
 }
 
 /// Prints rows as aligned columns.
-fn table(header: &[&str], rows: Vec<Vec<String>>) {
+pub(crate) fn table(header: &[&str], rows: Vec<Vec<String>>) {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for r in &rows {
         for (w, c) in widths.iter_mut().zip(r) {
@@ -176,7 +176,7 @@ pub fn job(j: &pb::JobView) {
             let progress = if t.state == pb::TaskState::Leased as i32 && t.samples_total > 0 {
                 format!("{}/{} samples", t.samples_done, t.samples_total)
             } else {
-                String::new()
+                t.verification.clone()
             };
             vec![
                 t.index.to_string(),
@@ -204,6 +204,7 @@ pub fn job(j: &pb::JobView) {
     if (j.tasks.len() as u32) < j.tasks_total {
         println!("  (the first {} of {} tasks)", j.tasks.len(), j.tasks_total);
     }
+    crate::show_verify::job(j);
 }
 
 /// The workers table.
@@ -218,7 +219,7 @@ pub fn workers(workers: &[pb::WorkerView]) {
             vec![
                 w.id.clone(),
                 w.name.clone(),
-                w.state.clone(),
+                crate::show_verify::state(w),
                 format!("{}/{}", w.tasks_running, w.slots),
                 w.tasks_done.to_string(),
                 w.tasks_failed.to_string(),
@@ -279,6 +280,7 @@ pub fn workers(workers: &[pb::WorkerView]) {
     for w in workers.iter().filter(|w| !w.drain_reason.is_empty()) {
         println!("{} is draining: {}", w.id, w.drain_reason);
     }
+    crate::show_verify::suspects(workers);
 }
 
 /// `tessera deps`: each file under the job root, its size, and whether the

@@ -267,6 +267,8 @@ function workerCard(w) {
   return h("div", { class: "card", "data-worker": w.id },
     h("h2", {}, w.name + " ", h("span", { class: "muted" }, w.id), " ", stateBadge(w.state)),
     w.drain_reason ? h("p", { class: "error" }, "draining: " + w.drain_reason) : null,
+    w.suspect ? h("p", { class: "error", "data-suspect": "" }, "suspect: " + w.suspect) : null,
+    w.untrusted ? h("p", { class: "muted" }, "untrusted: a share of its tasks is verified on other workers") : null,
     h("dl", { class: "kv" },
       h("dt", {}, "slots"), h("dd", {}, w.tasks_running + " busy of " + w.slots),
       h("dt", {}, "in hand"), h("dd", {}, (w.tasks_in_hand || []).length
