@@ -481,3 +481,5 @@ fn mixed(piece: &TilePiece<'_>, expected: &str) -> StitchError {
 mod openexr;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod determinism_tests;
