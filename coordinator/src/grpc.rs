@@ -482,7 +482,11 @@ impl pb::work_server::Work for WorkService {
         let stats = req
             .stats
             .iter()
-            .filter(|s| outputs.iter().any(|o| o.frame == s.frame && o.pass.is_empty()))
+            .filter(|s| {
+                outputs
+                    .iter()
+                    .any(|o| o.frame == s.frame && o.pass.is_empty())
+            })
             .take(outputs.len())
             .map(crate::verify::FrameStats::from)
             .collect();

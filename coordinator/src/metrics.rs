@@ -237,7 +237,11 @@ fn verify_metrics(o: &mut Out, stats: &crate::farm::Stats) {
         "counter",
         "Verification renders compared with an earlier result of their task since start.",
     );
-    o.sample("tessera_verify_checks_total", &[], stats.verify_checks as f64);
+    o.sample(
+        "tessera_verify_checks_total",
+        &[],
+        stats.verify_checks as f64,
+    );
     o.family(
         "tessera_verify_mismatches_total",
         "counter",

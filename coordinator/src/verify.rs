@@ -141,7 +141,9 @@ pub fn resolve(candidates: &[Candidate]) -> Resolution {
             .filter(|&j| prints[j] == prints[i])
             .collect();
         if agreeing.len() >= 2 {
-            let odd = (0..prints.len()).filter(|j| !agreeing.contains(j)).collect();
+            let odd = (0..prints.len())
+                .filter(|j| !agreeing.contains(j))
+                .collect();
             return Resolution::Agreed { agreeing, odd };
         }
     }
@@ -196,7 +198,6 @@ pub struct Suspicion {
     /// What it did, for `tessera workers`.
     pub reason: String,
 }
-
 
 /// Checks a fraction of tasks given by a client (`verify`): 0 to 1.
 pub fn check_fraction(field: &str, v: f64) -> Result<f64, crate::error::Error> {

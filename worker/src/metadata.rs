@@ -299,9 +299,8 @@ pub fn stats(fields: &[(String, String)]) -> RenderStats {
             .find(|(k, _)| want(k))
             .map(|(_, v)| v.as_str())
     };
-    let cycles = |suffix: &'static str| {
-        move |k: &str| k.starts_with("cycles.") && k.ends_with(suffix)
-    };
+    let cycles =
+        |suffix: &'static str| move |k: &str| k.starts_with("cycles.") && k.ends_with(suffix);
     RenderStats {
         render_ms: get(&|k| k == "RenderTime")
             .or_else(|| get(&cycles(".total_time")))
@@ -328,7 +327,12 @@ pub fn duration_ms(s: &str) -> Option<u64> {
 /// Blender's memory stamp: `1.12M` (MiB), also `K` and `G`; a peak after
 /// `Peak ` when a line holds two.
 pub fn memory_bytes(s: &str) -> Option<u64> {
-    let s = s.rsplit("Peak").next()?.trim().trim_start_matches(':').trim();
+    let s = s
+        .rsplit("Peak")
+        .next()?
+        .trim()
+        .trim_start_matches(':')
+        .trim();
     let (num, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic())?);
     let v: f64 = num.trim().parse().ok()?;
     let scale = match unit.chars().next()? {

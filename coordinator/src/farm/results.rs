@@ -156,7 +156,13 @@ impl Farm {
                     r.tasks_done += 1;
                 }
                 let mut extra = extra;
-                extra.extend(holder.as_ref().and_then(|h| st.workers.get(h)).cloned().map(Owned::Worker));
+                extra.extend(
+                    holder
+                        .as_ref()
+                        .and_then(|h| st.workers.get(h))
+                        .cloned()
+                        .map(Owned::Worker),
+                );
                 self.save(&mut st, job, vec![task], extra)
             };
             (

@@ -69,7 +69,12 @@ fn first_ready(
         if t.machine_failed_on.contains(worker) {
             return false;
         }
-        if t.verify.is_some() && !st.workers.get(worker).is_some_and(|w| verification::may_take(t, w)) {
+        if t.verify.is_some()
+            && !st
+                .workers
+                .get(worker)
+                .is_some_and(|w| verification::may_take(t, w))
+        {
             return false;
         }
         if !t.failed_on.contains(worker) {

@@ -57,7 +57,9 @@ impl Farm {
         stats: Vec<FrameStats>,
     ) -> Result<Verdict, Error> {
         let holder = match &task.state {
-            TaskState::Leased { worker, grant, .. } if *grant == lease.grant => Some(worker.clone()),
+            TaskState::Leased { worker, grant, .. } if *grant == lease.grant => {
+                Some(worker.clone())
+            }
             _ => None,
         };
         if !self.must_verify(st, job, task, holder.as_ref()) {
@@ -183,7 +185,11 @@ fn mark_suspect(
     agreed: &[WorkerId],
 ) -> Option<Owned> {
     let rec = st.workers.get_mut(worker)?;
-    if !rec.suspect.iter().any(|s| s.job == job.id && s.task == task) {
+    if !rec
+        .suspect
+        .iter()
+        .any(|s| s.job == job.id && s.task == task)
+    {
         let names: Vec<&str> = agreed.iter().map(|w| w.0.as_str()).collect();
         rec.suspect.push(Suspicion {
             job: job.id,
@@ -218,5 +224,7 @@ pub(super) fn barred(job: &Job, w: Option<&WorkerRecord>) -> bool {
         return false;
     };
     let class = job.requirements.describe();
-    w.suspect.iter().any(|s| s.job == job.id || s.class == class)
+    w.suspect
+        .iter()
+        .any(|s| s.job == job.id || s.class == class)
 }

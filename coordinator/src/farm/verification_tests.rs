@@ -109,7 +109,10 @@ fn a_mismatch_goes_to_a_third_worker_and_the_odd_one_is_suspect() {
         "the agreed frame, never the odd one"
     );
     let v = snap.tasks[0].verify.as_ref().unwrap();
-    assert_eq!((v.agreed.clone(), v.odd.clone()), (vec![a.clone(), c.clone()], vec![bad.clone()]));
+    assert_eq!(
+        (v.agreed.clone(), v.odd.clone()),
+        (vec![a.clone(), c.clone()], vec![bad.clone()])
+    );
     let s = suspect(&f, &bad);
     assert_eq!((s.len(), s[0].job, s[0].task), (1, job, 0));
     let counts = f.farm.stats();
@@ -214,12 +217,14 @@ fn untrusted_workers_are_verified_at_the_coordinators_fraction() {
         .0;
     let own = worker(&farm, "own");
     let l = farm.try_lease(&rented, &HashSet::new()).unwrap().unwrap();
-    farm.complete(l.lease, vec![output(&f, l.frames[0])]).unwrap();
+    farm.complete(l.lease, vec![output(&f, l.frames[0])])
+        .unwrap();
     assert!(!farm.job(job).unwrap().tasks[l.lease.task as usize].is_done());
     // The trusted worker verifies it, and its own result of the other task
     // is delivered at once (the job asked for no verification).
     while let Some(m) = farm.try_lease(&own, &HashSet::new()).unwrap() {
-        farm.complete(m.lease, vec![output(&f, m.frames[0])]).unwrap();
+        farm.complete(m.lease, vec![output(&f, m.frames[0])])
+            .unwrap();
     }
     let snap = farm.job(job).unwrap();
     assert_eq!(snap.job.state, JobState::Done);
