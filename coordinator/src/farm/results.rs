@@ -87,32 +87,10 @@ impl Farm {
                 _ => None,
             };
             let (outputs, extra) =
-                match self.verdict(&mut st, lease, &mut task, &job, outputs, stats)? {
-                    verification::Verdict::Deliver {
-                        outputs,
-                        stats,
-                        extra,
-                    } => {
-                        task.stats = stats;
-                        (outputs, extra)
-                    }
-                    verification::Verdict::Held => {
-                        let h = holder.as_ref().map(|h| (h, true));
-                        let ticket = self.apply(&mut st, vec![task], job, h);
-                        return Ok(PendingResult {
-                            completion: Completion::Recorded,
-                            ticket,
-                            stitch: None,
-                        });
-                    }
-                    verification::Verdict::Ignored => {
-                        return Ok(PendingResult {
-                            completion: Completion::Duplicate,
-                            ticket: Ticket::none(),
-                            stitch: None,
-                        })
-                    }
-                    verification::Verdict::Unsettled(why) => {
+                match self.verify_result(&mut st, lease, &mut task, &job, outputs, stats)? {
+                    verification::Step::Deliver(outputs, extra) => (outputs, extra),
+                    verification::Step::Answer(pending) => return Ok(pending),
+                    verification::Step::Unsettled(why) => {
                         drop(st);
                         self.fail(lease, &why, "", FailureScope::Everywhere)?;
                         return Ok(PendingResult {
@@ -149,22 +127,7 @@ impl Farm {
                 job.finish(now)?;
                 tracing::info!(job = %job.id, "job done");
             }
-            let ticket = if extra.is_empty() {
-                self.apply(&mut st, vec![task], job, holder.as_ref().map(|h| (h, true)))
-            } else {
-                if let Some(r) = holder.as_ref().and_then(|h| st.workers.get_mut(h)) {
-                    r.tasks_done += 1;
-                }
-                let mut extra = extra;
-                extra.extend(
-                    holder
-                        .as_ref()
-                        .and_then(|h| st.workers.get(h))
-                        .cloned()
-                        .map(Owned::Worker),
-                );
-                self.save(&mut st, job, vec![task], extra)
-            };
+            let ticket = self.store_result(&mut st, task, job, holder.as_ref(), extra);
             (
                 st.to_stitch.contains(&(lease.job, frame)).then_some(frame),
                 ticket,

@@ -10,7 +10,7 @@ use super::*;
 use crate::verify::{self, Candidate, FrameStats, Resolution, Suspicion, Verification};
 
 /// What verification makes of a result.
-pub(super) enum Verdict {
+enum Verdict {
     /// Record it as the task's result: it was not sampled, or two agreed.
     /// `extra` holds worker records that changed (suspects).
     Deliver {
@@ -27,7 +27,76 @@ pub(super) enum Verdict {
     Unsettled(String),
 }
 
+/// What a result does once verification has seen it.
+pub(super) enum Step {
+    /// Record these outputs (the task's stats are set); store `extra` too.
+    Deliver(Vec<FrameOutput>, Vec<Owned>),
+    /// Answer the worker with this (held, stored; or ignored).
+    Answer(PendingResult),
+    /// Fail the task: no two results agree.
+    Unsettled(String),
+}
+
 impl Farm {
+    /// Passes a result through verification: held results are stored here
+    /// and answered; a delivered one comes back to be recorded.
+    pub(super) fn verify_result(
+        &self,
+        st: &mut State,
+        lease: LeaseId,
+        task: &mut Task,
+        job: &Job,
+        outputs: Vec<FrameOutput>,
+        stats: Vec<FrameStats>,
+    ) -> Result<Step, Error> {
+        let holder = task.holder().cloned();
+        Ok(match self.verdict(st, lease, task, job, outputs, stats)? {
+            Verdict::Deliver {
+                outputs,
+                stats,
+                extra,
+            } => {
+                task.stats = stats;
+                Step::Deliver(outputs, extra)
+            }
+            Verdict::Held => {
+                let h = holder.as_ref().map(|h| (h, true));
+                let ticket = self.apply(st, vec![task.clone()], job.clone(), h);
+                Step::Answer(PendingResult {
+                    completion: Completion::Recorded,
+                    ticket,
+                    stitch: None,
+                })
+            }
+            Verdict::Ignored => Step::Answer(PendingResult {
+                completion: Completion::Duplicate,
+                ticket: Ticket::none(),
+                stitch: None,
+            }),
+            Verdict::Unsettled(why) => Step::Unsettled(why),
+        })
+    }
+
+    /// Stores a recorded result as `apply` does, with the worker records
+    /// verification changed (suspects).
+    pub(super) fn store_result(
+        &self,
+        st: &mut State,
+        task: Task,
+        job: Job,
+        holder: Option<&WorkerId>,
+        mut extra: Vec<Owned>,
+    ) -> Ticket {
+        if extra.is_empty() {
+            return self.apply(st, vec![task], job, holder.map(|h| (h, true)));
+        }
+        if let Some(r) = holder.and_then(|h| st.workers.get_mut(h)) {
+            r.tasks_done += 1;
+            extra.push(Owned::Worker(r.clone()));
+        }
+        self.save(st, job, vec![task], extra)
+    }
+
     /// Whether a result of `task` by `holder` must wait for another worker.
     fn must_verify(&self, st: &State, job: &Job, task: &Task, holder: Option<&WorkerId>) -> bool {
         let seed = self.config.verify_seed;
@@ -47,7 +116,7 @@ impl Farm {
 
     /// Decides what a result of `lease` does; changes `task` (held results,
     /// a queued task) and marks suspects in `st`, which the caller stores.
-    pub(super) fn verdict(
+    fn verdict(
         &self,
         st: &mut State,
         lease: LeaseId,
