@@ -200,3 +200,32 @@ fn a_lone_worker_job_says_it_awaits_verification() {
     let human = cli_ok(&coord.url, &["status", &job.to_string()]);
     assert!(human.contains("start another worker"), "{human}");
 }
+
+#[test]
+fn verify_takes_a_fraction_and_render_refuses_it() {
+    let scene = scene(&["--kind", "anim", "--frames", "1"]);
+    let s = scene.to_str().unwrap();
+    let bad = cli("http://127.0.0.1:9", &["submit", s, "--verify", "1.5"]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && err.contains("from 0 to 1"),
+        "{err}"
+    );
+    let out = scratch();
+    let local = cli(
+        "http://127.0.0.1:9",
+        &[
+            "render",
+            s,
+            "--verify",
+            "0.5",
+            "-o",
+            out.path().to_str().unwrap(),
+        ],
+    );
+    let err = String::from_utf8_lossy(&local.stderr);
+    assert!(
+        !local.status.success() && err.contains("different worker"),
+        "{err}"
+    );
+}
