@@ -42,8 +42,10 @@ pub const KEPT_KEYS: &[&str] = &[
     "Time",
 ];
 
-/// OpenEXR's own string attributes (not stamps): kept.
+/// OpenEXR's own string attributes, and Blender's marker of a multilayer
+/// file (which its reader looks for): not stamps, kept.
 const EXR_STANDARD: &[&str] = &[
+    "BlenderMultiChannel",
     "name",
     "type",
     "view",

@@ -9,6 +9,10 @@ const PNG_B: &[u8] = include_bytes!("../../fixtures/stamped_b.png");
 const PNG_MEMORY: &[u8] = include_bytes!("../../fixtures/stamped_memory.png");
 const EXR_A: &[u8] = include_bytes!("../../fixtures/stamped_a.exr");
 const EXR_B: &[u8] = include_bytes!("../../fixtures/stamped_b.exr");
+const MULTILAYER_A: &[u8] = include_bytes!("../../fixtures/multilayer_a.exr");
+const MULTILAYER_B: &[u8] = include_bytes!("../../fixtures/multilayer_b.exr");
+const RGBA16_A: &[u8] = include_bytes!("../../fixtures/rgba16_a.png");
+const RGBA16_B: &[u8] = include_bytes!("../../fixtures/rgba16_b.png");
 
 fn keys(fields: &Fields) -> Vec<&str> {
     fields.iter().map(|(k, _)| k.as_str()).collect()
@@ -142,4 +146,82 @@ fn blender_durations_and_memory() {
     assert_eq!(memory_bytes("2.00G"), Some(2 << 30));
     assert_eq!(memory_bytes("Mem: 10.0M, Peak: 12.0M"), Some(12 << 20));
     assert_eq!(memory_bytes("lots"), None);
+}
+
+#[test]
+fn multilayer_exr_and_16_bit_rgba_png_too() {
+    let (a, fa) = strip_exr(MULTILAYER_A).unwrap();
+    let (b, _) = strip_exr(MULTILAYER_B).unwrap();
+    assert_eq!(a, b);
+    assert!(keys(&fa).contains(&"RenderTime"), "{fa:?}");
+    // Blender's reader recognises a multilayer file by this attribute.
+    assert!(a.windows(19).any(|w| w == b"BlenderMultiChannel"));
+    assert_eq!(exr_pixels(&a), exr_pixels(MULTILAYER_A));
+    let (a, _) = strip_png(RGBA16_A).unwrap();
+    let (b, _) = strip_png(RGBA16_B).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(png_pixels(&a), png_pixels(RGBA16_A));
+}
+
+/// A two-part OpenEXR file (written by the `exr` crate) whose parts carry a
+/// `Date` stamp.
+fn two_part_exr(date: &str) -> Vec<u8> {
+    use exr::prelude::*;
+    let layer = |name: &str, v: f32| {
+        let mut attributes = LayerAttributes::named(name);
+        attributes.other.insert(
+            Text::from("Date"),
+            exr::meta::attribute::AttributeValue::Text(Text::from(date)),
+        );
+        Layer::new(
+            (4, 3),
+            attributes,
+            Encoding::FAST_LOSSLESS,
+            AnyChannels::sort(SmallVec::from_vec(vec![AnyChannel::new(
+                "Y",
+                FlatSamples::F32(vec![v; 12]),
+            )])),
+        )
+    };
+    let image = Image::from_layers(
+        ImageAttributes::new(IntegerBounds::from_dimensions((4, 3))),
+        SmallVec::from_vec(vec![layer("left", 0.25), layer("right", 0.75)]),
+    );
+    let mut out = std::io::Cursor::new(Vec::new());
+    image.write().to_buffered(&mut out).unwrap();
+    out.into_inner()
+}
+
+#[test]
+fn multipart_exr_offsets_follow_the_removed_stamps() {
+    let a = two_part_exr("2026/12/03 14:02:15");
+    let b = two_part_exr("2026/12/03 14:02:16 and longer");
+    assert_ne!(a.len(), b.len());
+    let (sa, fa) = strip_exr(&a).unwrap();
+    let (sb, _) = strip_exr(&b).unwrap();
+    assert_eq!(sa, sb);
+    assert_eq!(keys(&fa), ["Date", "Date"]);
+    use exr::prelude::*;
+    let read = |bytes: &[u8]| {
+        let image = read()
+            .no_deep_data()
+            .largest_resolution_level()
+            .all_channels()
+            .all_layers()
+            .all_attributes()
+            .from_buffered(std::io::Cursor::new(bytes.to_vec()))
+            .unwrap();
+        image
+            .layer_data
+            .iter()
+            .map(|l| {
+                l.channel_data.list[0]
+                    .sample_data
+                    .values_as_f32()
+                    .collect::<Vec<f32>>()
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(read(&sa), read(&a));
+    assert_eq!(read(&sa), [vec![0.25; 12], vec![0.75; 12]]);
 }
