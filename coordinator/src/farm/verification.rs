@@ -275,6 +275,25 @@ fn mark_suspect(
     Some(Owned::Worker(rec.clone()))
 }
 
+/// What a registering worker is suspected of: what its old record was, or,
+/// under a new id (its process restarted), what any worker of the same
+/// owner (token) and name was, so a restart does not clear a suspicion.
+pub(super) fn inherited_suspicion(
+    st: &State,
+    old: Option<&WorkerRecord>,
+    owner: &str,
+    name: &str,
+) -> Vec<Suspicion> {
+    if let Some(o) = old {
+        return o.suspect.clone();
+    }
+    st.workers
+        .values()
+        .filter(|w| w.owner == owner && w.name == name)
+        .flat_map(|w| w.suspect.iter().cloned())
+        .collect()
+}
+
 /// Whether `w` may render `task`: a task awaiting verification goes to a
 /// worker that has not rendered it, with the same Blender build.
 pub(super) fn may_take(task: &Task, w: &WorkerRecord) -> bool {

@@ -147,6 +147,21 @@ fn a_mismatch_goes_to_a_third_worker_and_the_odd_one_is_suspect() {
     assert_eq!(back, bad);
     let rec = again.workers().into_iter().find(|w| w.record.id == bad);
     assert_eq!(rec.unwrap().record.suspect.len(), 1);
+    // A restarted process registers under a new id: same owner and name,
+    // same suspicion. Another name starts clean.
+    let (fresh, _) = again
+        .register(Registration {
+            name: "bad".into(),
+            slots: 1,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_ne!(fresh, bad);
+    let rec = again.workers().into_iter().find(|w| w.record.id == fresh);
+    assert_eq!(rec.unwrap().record.suspect.len(), 1);
+    let other = worker(&again, "good");
+    let rec = again.workers().into_iter().find(|w| w.record.id == other);
+    assert!(rec.unwrap().record.suspect.is_empty());
 }
 
 #[test]

@@ -25,6 +25,8 @@ impl Farm {
             }
         };
         let old = st.workers.get(&id);
+        // A worker coming back keeps what it was caught doing.
+        let suspect = verification::inherited_suspicion(&st, old, &reg.owner, &reg.name);
         let record = WorkerRecord {
             id: id.clone(),
             name: reg
@@ -49,8 +51,7 @@ impl Farm {
             features: reg.features,
             owner: reg.owner,
             untrusted: reg.untrusted,
-            // A worker coming back keeps what it was caught doing.
-            suspect: old.map_or_else(Vec::new, |o| o.suspect.clone()),
+            suspect,
         };
         tracing::info!(worker = %id, name = %record.name, slots = record.slots, "worker registered");
         let ticket = self.commit(&st, vec![Owned::Worker(record.clone())]);
