@@ -248,3 +248,29 @@ fn untrusted_workers_are_verified_at_the_coordinators_fraction() {
     let other = &snap.tasks[1 - l.lease.task as usize];
     assert!(other.is_done() && other.verify.is_none());
 }
+
+#[test]
+fn records_from_before_verification_still_read() {
+    // Written as older builds wrote them: no stats, verify, untrusted or suspect.
+    let task = serde_json::to_string(&Task::new(JobId(1), 0, vec![1])).unwrap();
+    assert!(
+        !task.contains("stats") && !task.contains("verify"),
+        "{task}"
+    );
+    let back: Task = serde_json::from_str(&task).unwrap();
+    assert!(back.stats.is_empty() && back.verify.is_none());
+    let f = fixture();
+    let w = worker(&f.farm, "a");
+    let rec = f
+        .farm
+        .workers()
+        .into_iter()
+        .find(|s| s.record.id == w)
+        .unwrap();
+    let mut v = serde_json::to_value(&rec.record).unwrap();
+    let o = v.as_object_mut().unwrap();
+    o.remove("untrusted");
+    o.remove("suspect");
+    let back: WorkerRecord = serde_json::from_value(v).unwrap();
+    assert!(!back.untrusted && back.suspect.is_empty());
+}
