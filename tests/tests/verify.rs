@@ -180,6 +180,55 @@ fn a_corrupting_worker_is_caught_and_its_frames_never_delivered() {
         .replace("/metrics", "/api/v1/workers");
     let (_, body) = http_get_as(&api, Some(&token));
     assert!(body.contains("\"suspect\":\"its frames of job"), "{body}");
+
+    // The dashboard's worker list marks it; the job page lists the frames' stats.
+    let base = coord.metrics.as_ref().unwrap().replace("/metrics", "");
+    dashboard_shows(&base, &token, &bad_id, job, dir.path());
+}
+
+/// Signs in to the dashboard and checks the suspect worker's card and the
+/// job's render statistics.
+fn dashboard_shows(base: &str, token: &str, suspect: &str, job: u64, dir: &Path) {
+    use tessera_tests::browser::{chromium, Browser};
+    let Some(binary) = chromium() else {
+        eprintln!("SKIPPED the dashboard part: chromium is not installed (scripts/test.sh installs it; or set TESSERA_CHROMIUM)");
+        return;
+    };
+    let mut b = Browser::start(&binary, dir, 1280, 900);
+    b.goto(&format!("{base}/workers"));
+    assert!(
+        b.wait_for("document.querySelector('#login')", Duration::from_secs(20)),
+        "no sign-in form"
+    );
+    b.eval(&format!(
+        "document.getElementById('token').value = {}; document.getElementById('login').requestSubmit(); true",
+        serde_json::json!(token)
+    ));
+    assert!(
+        b.wait_for("location.pathname === '/'", Duration::from_secs(20)),
+        "sign-in failed: {}",
+        b.eval("document.body.innerText")
+    );
+    b.goto(&format!("{base}/workers"));
+    let card = format!("document.querySelector('[data-worker=\"{suspect}\"] [data-suspect]')");
+    assert!(
+        b.wait_for(&card, Duration::from_secs(20)),
+        "no suspect mark on {suspect}: {}",
+        b.eval("document.body.innerText")
+    );
+    assert_eq!(
+        b.eval("document.querySelectorAll('[data-suspect]').length"),
+        serde_json::json!(1)
+    );
+    b.goto(&format!("{base}/jobs/{job}"));
+    assert!(
+        b.wait_for(
+            "document.querySelectorAll('#frame-stats tr').length === 5",
+            Duration::from_secs(20)
+        ),
+        "no render statistics: {}",
+        b.eval("document.body.innerText")
+    );
 }
 
 #[test]
