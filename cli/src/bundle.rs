@@ -264,6 +264,7 @@ pub async fn submit(c: &mut Client, dir: &Path, args: &JobArgs, preview: bool) -
         max_cost: args.max_cost,
         capacity: args.capacity.clone(),
         preview,
+        verify: args.verify,
     };
     Ok(c.farm
         .submit_job(spec)

@@ -574,6 +574,7 @@ pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Re
         max_cost: job.max_cost,
         capacity: job.capacity.clone(),
         preview: prepared.preview,
+        verify: job.verify,
     };
     let id = c
         .farm

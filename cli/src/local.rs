@@ -20,6 +20,11 @@ const LOCAL_USER: &str = "tessera-render";
 
 /// Renders a scene on this machine through a private farm.
 pub async fn render(args: RenderArgs) -> Result<()> {
+    if args.job.verify > 0.0 {
+        anyhow::bail!(
+            "--verify renders tasks again on a different worker, and `tessera render` has one (its slots are one worker); submit the job to a farm with two or more workers instead"
+        );
+    }
     // Reading the scene and asking Blender what it offers both start
     // Blender: do them at once.
     let (frames, caps) = tokio::join!(prepare(&args.job), blender_caps(&args.job.blender));
@@ -100,6 +105,8 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         fail_first_render: false,
         price_per_hour: 0.0,
         capacity: "on-demand".into(),
+        untrusted: false,
+        test_corrupt_pixel: false,
     };
     let mode = crate::commands::render_mode(args.fresh_process, 60.0)?;
     let worker = tokio::spawn(tessera_worker::agent::run_blender(

@@ -11,6 +11,7 @@ mod local;
 mod preview;
 mod serve;
 mod show;
+mod show_verify;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -283,6 +284,10 @@ struct CoordinatorArgs {
     /// The longest one preview video may take to make, in seconds.
     #[arg(long, default_value_t = 600.0)]
     preview_timeout: f64,
+    /// The fraction of tasks done by untrusted workers (`worker --untrusted`)
+    /// rendered again on a different worker and compared (0..1).
+    #[arg(long, default_value_t = tessera_coordinator::DEFAULT_VERIFY_UNTRUSTED, value_parser = fraction)]
+    verify_untrusted: f64,
 }
 
 #[derive(Args, Debug)]
@@ -353,6 +358,14 @@ struct WorkerArgs {
     /// and serve only jobs that accept spot capacity.
     #[arg(long, default_value = "on-demand", value_parser = ["on-demand", "spot", "reserved"])]
     capacity: String,
+    /// This machine is not the operator's own (a rented or volunteer pool):
+    /// the coordinator verifies a share of its tasks (`--verify-untrusted`).
+    #[arg(long)]
+    untrusted: bool,
+    /// TEST ONLY: change one pixel of every PNG this worker renders, after
+    /// Blender wrote it, so tests can check that verification catches it.
+    #[arg(long, hide = true)]
+    test_corrupt_pixel: bool,
 }
 
 /// What a job asks for; shared by `submit` and `render`.
@@ -412,6 +425,21 @@ struct JobArgs {
     /// Which workers may render it: spot-ok (any) or on-demand-only (never preempted).
     #[arg(long, default_value = "spot-ok", value_parser = ["spot-ok", "on-demand-only"])]
     capacity: String,
+    /// Render this fraction of tasks (0..1) a second time on a different
+    /// worker and compare digests; frames are delivered once two agree, a
+    /// mismatch is settled by a third worker (at least one task when above 0).
+    #[arg(long, default_value_t = 0.0, value_parser = fraction)]
+    verify: f64,
+}
+
+/// A fraction from 0 to 1, for `--verify` and `--verify-untrusted`.
+fn fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "`{s}` is not a fraction of tasks; use a number from 0 to 1, e.g. 0.05"
+        )),
+    }
 }
 
 #[derive(Args, Debug)]

@@ -46,6 +46,8 @@ pub fn coordinator_config(a: &CoordinatorArgs) -> Result<tessera_coordinator::Co
             m if m.is_finite() && m >= 1.0 / 60.0 => (m * 60_000.0) as u64,
             m => bail!("--target-drain-minutes {m} is not a duration; use minutes, e.g. 30"),
         },
+        verify_untrusted: a.verify_untrusted,
+        ..Default::default()
     })
 }
 
@@ -246,6 +248,8 @@ pub async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
         fail_first_render: args.fail_first_render,
         price_per_hour: price(args.price_per_hour)?,
         capacity: args.capacity.clone(),
+        untrusted: args.untrusted,
+        test_corrupt_pixel: args.test_corrupt_pixel,
     };
     tracing::info!(blender = %version, slots, "worker starting");
     let mode = render_mode(args.fresh_process, args.session_idle)?;

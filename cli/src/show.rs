@@ -18,7 +18,7 @@ fn age(ms: u64) -> String {
 }
 
 /// Prints rows as aligned columns.
-fn table(header: &[&str], rows: Vec<Vec<String>>) {
+pub(crate) fn table(header: &[&str], rows: Vec<Vec<String>>) {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for r in &rows {
         for (w, c) in widths.iter_mut().zip(r) {
@@ -217,7 +217,7 @@ pub fn job(j: &pb::JobView) {
             let progress = if t.state == pb::TaskState::Leased as i32 && t.samples_total > 0 {
                 format!("{}/{} samples", t.samples_done, t.samples_total)
             } else {
-                String::new()
+                t.verification.clone()
             };
             vec![
                 t.index.to_string(),
@@ -247,6 +247,7 @@ pub fn job(j: &pb::JobView) {
     if (j.tasks.len() as u32) < j.tasks_total {
         println!("  (the first {} of {} tasks)", j.tasks.len(), j.tasks_total);
     }
+    crate::show_verify::job(j);
 }
 
 /// The workers table.
@@ -261,7 +262,7 @@ pub fn workers(workers: &[pb::WorkerView]) {
             vec![
                 w.id.clone(),
                 w.name.clone(),
-                w.state.clone(),
+                crate::show_verify::state(w),
                 format!("{}/{}", w.tasks_running, w.slots),
                 if w.price_per_hour > 0.0 {
                     format!("{} {:.2}/h", w.capacity, w.price_per_hour)
@@ -328,6 +329,7 @@ pub fn workers(workers: &[pb::WorkerView]) {
     for w in workers.iter().filter(|w| !w.drain_reason.is_empty()) {
         println!("{} is draining: {}", w.id, w.drain_reason);
     }
+    crate::show_verify::suspects(workers);
 }
 
 /// `tessera deps`: each file under the job root, its size, and whether the

@@ -49,6 +49,7 @@ impl TryFrom<pb::JobSpec> for Submission {
             max_cost: s.max_cost,
             capacity: s.capacity.parse()?,
             preview: s.preview,
+            verify: crate::verify::check_fraction("verify", s.verify)?,
         })
     }
 }
@@ -70,6 +71,7 @@ impl TryFrom<pb::WorkerInfo> for Registration {
             memory_bytes: w.memory_bytes,
             notes: w.notes,
             features: w.blender_features,
+            untrusted: w.untrusted,
             // Set from the caller's token by the handler, never from the message.
             owner: String::new(),
             price_per_hour: crate::usage::check_price(w.price_per_hour)?,
@@ -142,6 +144,7 @@ impl From<&JobSnapshot> for pb::JobView {
                 samples_done: t.samples_done,
                 samples_total: t.samples_total,
                 attempt_log: t.attempts.iter().map(Into::into).collect(),
+                verification: verification_word(t),
             })
             .collect();
         let frame_tiles = s
@@ -201,6 +204,13 @@ impl From<&JobSnapshot> for pb::JobView {
             usage: Some((&s.usage).into()),
             preview: preview_view(&j.preview),
             fps: j.preview.fps.unwrap_or(0.0),
+            frame_stats: frame_stats(&s.tasks),
+            verify: j.verify,
+            tasks_verifying: s
+                .tasks
+                .iter()
+                .filter(|t| t.verify.as_ref().is_some_and(|v| !v.candidates.is_empty()))
+                .count() as u32,
         }
     }
 }
@@ -215,6 +225,81 @@ impl From<&crate::usage::Attempt> for pb::AttemptView {
             price_per_hour: a.price_per_hour,
             cost: a.cost(),
             end: a.end.name().into(),
+        }
+    }
+}
+
+/// Render statistics of the done tasks among `tasks`, by frame (and tile).
+fn frame_stats(tasks: &[crate::task::Task]) -> Vec<pb::FrameStats> {
+    let mut out: Vec<pb::FrameStats> = tasks
+        .iter()
+        .filter(|t| t.is_done())
+        .flat_map(|t| {
+            t.stats.iter().map(|s| pb::FrameStats {
+                frame: s.frame,
+                render_ms: s.render_ms,
+                sync_ms: s.sync_ms,
+                samples: s.samples,
+                memory_peak_bytes: s.memory_peak_bytes,
+                tile: t.tile.map(|tile| tile.index),
+            })
+        })
+        .collect();
+    out.sort_by_key(|s| (s.frame, s.tile));
+    out
+}
+
+/// A task's verification in a few words, for `status` (empty when none).
+fn verification_word(t: &crate::task::Task) -> String {
+    let Some(v) = &t.verify else {
+        return String::new();
+    };
+    let names = |ws: &mut dyn Iterator<Item = &WorkerId>| -> String {
+        ws.map(|w| w.0.as_str()).collect::<Vec<_>>().join(", ")
+    };
+    if v.settled() {
+        let mut s = format!("verified by {}", names(&mut v.agreed.iter()));
+        if !v.odd.is_empty() {
+            s += &format!("; differed: {}", names(&mut v.odd.iter()));
+        }
+        s
+    } else if v.disputed() {
+        format!(
+            "disputed: {} results differ ({})",
+            v.candidates.len(),
+            names(&mut v.candidates.iter().map(|c| &c.worker))
+        )
+    } else if v.candidates.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "verifying: result of {} held",
+            names(&mut v.candidates.iter().map(|c| &c.worker))
+        )
+    }
+}
+
+impl From<crate::verify::FrameStats> for pb::FrameStats {
+    fn from(s: crate::verify::FrameStats) -> Self {
+        Self {
+            frame: s.frame,
+            render_ms: s.render_ms,
+            sync_ms: s.sync_ms,
+            samples: s.samples,
+            memory_peak_bytes: s.memory_peak_bytes,
+            tile: None,
+        }
+    }
+}
+
+impl From<&pb::FrameStats> for crate::verify::FrameStats {
+    fn from(s: &pb::FrameStats) -> Self {
+        Self {
+            frame: s.frame,
+            render_ms: s.render_ms,
+            sync_ms: s.sync_ms,
+            samples: s.samples,
+            memory_peak_bytes: s.memory_peak_bytes,
         }
     }
 }
@@ -312,6 +397,13 @@ impl From<&WorkerSnapshot> for pb::WorkerView {
             tasks_in_hand: w.in_hand.iter().map(|(j, t)| format!("{j}.{t}")).collect(),
             price_per_hour: r.price_per_hour,
             capacity: r.capacity.name().into(),
+            untrusted: r.untrusted,
+            suspect: r
+                .suspect
+                .iter()
+                .map(|s| s.reason.as_str())
+                .collect::<Vec<_>>()
+                .join("; "),
         }
     }
 }

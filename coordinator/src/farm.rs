@@ -66,6 +66,9 @@ mod submit;
 mod trust_tests;
 mod txn;
 mod users;
+mod verification;
+#[cfg(test)]
+mod verification_tests;
 mod views;
 mod workers;
 
@@ -116,6 +119,10 @@ pub struct Config {
     /// How soon the queued work should be done, for the autoscaling signal
     /// `tessera_desired_slots` (`--target-drain-minutes`).
     pub target_drain_ms: u64,
+    /// The fraction of an untrusted worker's tasks verified (`--verify-untrusted`).
+    pub verify_untrusted: f64,
+    /// Seed of the choice of verified tasks.
+    pub verify_seed: u64,
 }
 
 impl Default for Config {
@@ -136,6 +143,8 @@ impl Default for Config {
             max_slots: 256,
             keep_ms: None,
             target_drain_ms: 30 * 60_000,
+            verify_untrusted: crate::verify::DEFAULT_VERIFY_UNTRUSTED,
+            verify_seed: crate::verify::DEFAULT_SEED,
         }
     }
 }
@@ -181,6 +190,8 @@ pub struct Submission {
     pub capacity: crate::usage::CapacityPref,
     /// Make a preview video when the job is done (`submit --preview`).
     pub preview: bool,
+    /// The fraction of tasks rendered twice and compared (0..1).
+    pub verify: f64,
 }
 
 /// Facts about a scene read with Blender by the submitter.
@@ -276,6 +287,8 @@ pub struct Registration {
     pub price_per_hour: f64,
     /// How its capacity is bought (`--capacity`).
     pub capacity: crate::usage::Capacity,
+    /// Not the operator's machine (`worker --untrusted`).
+    pub untrusted: bool,
 }
 
 /// A worker as shown to users.

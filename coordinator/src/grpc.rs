@@ -524,7 +524,19 @@ impl pb::work_server::Work for WorkService {
         // Completing the last tile of a frame stitches it: disk and CPU work.
         // In memory under the lock, then wait for the store without holding
         // a thread; only a stitch (disk and CPU work) goes to one.
-        let pending = self.farm.complete_begin(lease, outputs)?;
+        // Render statistics: one per frame of the result at most.
+        let stats = req
+            .stats
+            .iter()
+            .filter(|s| {
+                outputs
+                    .iter()
+                    .any(|o| o.frame == s.frame && o.pass.is_empty())
+            })
+            .take(outputs.len())
+            .map(crate::verify::FrameStats::from)
+            .collect();
+        let pending = self.farm.complete_begin_with_stats(lease, outputs, stats)?;
         pending.ticket.stored().await?;
         if let Some((job, frame)) = pending.stitch {
             blocking(&self.farm, move |f| {

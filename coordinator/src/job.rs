@@ -141,6 +141,13 @@ pub struct Job {
     /// wanted (see [`crate::preview`]).
     #[serde(default)]
     pub preview: crate::preview::Preview,
+    /// The fraction of its tasks rendered twice and compared (`--verify`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub verify: f64,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 fn whole() -> Grid {
@@ -303,6 +310,7 @@ mod tests {
             capacity: Default::default(),
             started: false,
             preview: Default::default(),
+            verify: 0.0,
         }
     }
 

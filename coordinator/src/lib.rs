@@ -27,6 +27,11 @@
 //! - [`limits`]: image size limits (`--max-pixels`), checked before allocating.
 //! - [`frame_image`]: frames decoded for people (EXR tone-mapped to sRGB).
 //! - [`preview`]: preview videos of done jobs, made with ffmpeg.
+//! - [`verify`]: verifiable frames: which tasks are rendered twice, what
+//!   several results settle, render statistics.
+
+// The OpenAPI document is one large `json!` literal.
+#![recursion_limit = "256"]
 
 pub mod api;
 pub mod auth;
@@ -54,8 +59,10 @@ pub mod store;
 pub mod task;
 pub mod tiles;
 pub mod usage;
+pub mod verify;
 pub mod worker;
 
 pub use error::Error;
 pub use farm::{Config, Farm};
 pub use server::Coordinator;
+pub use verify::DEFAULT_VERIFY_UNTRUSTED;

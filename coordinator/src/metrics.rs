@@ -123,6 +123,7 @@ pub fn render(farm: &Farm) -> String {
         &[],
         stats.attempts_failed as f64,
     );
+    verify_metrics(&mut o, &stats);
 
     o.family(
         "tessera_task_duration_seconds",
@@ -281,4 +282,28 @@ pub fn render(farm: &Farm) -> String {
         }
     }
     o.0
+}
+
+/// Frame verification: results compared, and tasks whose results differed.
+fn verify_metrics(o: &mut Out, stats: &crate::farm::Stats) {
+    o.family(
+        "tessera_verify_checks_total",
+        "counter",
+        "Verification renders compared with an earlier result of their task since start.",
+    );
+    o.sample(
+        "tessera_verify_checks_total",
+        &[],
+        stats.verify_checks as f64,
+    );
+    o.family(
+        "tessera_verify_mismatches_total",
+        "counter",
+        "Tasks whose results differed between workers since start (once a task).",
+    );
+    o.sample(
+        "tessera_verify_mismatches_total",
+        &[],
+        stats.verify_mismatches as f64,
+    );
 }

@@ -73,7 +73,12 @@ pub fn task_refs<'a>(task: &'a Task, job: &Job) -> impl Iterator<Item = Digest> 
         TaskState::Done { outputs } if !consumed => outputs.as_slice(),
         _ => &[],
     };
-    outputs.iter().map(|o| o.digest)
+    // Results held for verification keep their blobs until it settles.
+    let held = task.verify.iter().flat_map(|v| &v.candidates);
+    outputs
+        .iter()
+        .chain(held.flat_map(|c| &c.outputs))
+        .map(|o| o.digest)
 }
 
 /// Every reference of `job`, its file set's entries `files`, and its tasks.

@@ -478,6 +478,8 @@ fn mixed(piece: &TilePiece<'_>, expected: &str) -> StitchError {
     }
 }
 
+#[cfg(test)]
+mod determinism_tests;
 mod openexr;
 #[cfg(test)]
 mod tests;

@@ -660,6 +660,7 @@ mod tests {
             file_set: None,
             missing_files: Vec::new(),
             preview: Default::default(),
+            verify: 0.0,
         }
     }
 

@@ -207,6 +207,13 @@ pub struct Task {
     /// Every ended grant with its slot-time and cost (see [`crate::usage`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attempts: Vec<crate::usage::Attempt>,
+    /// What Blender stamped into the frames of its result (render time,
+    /// samples, memory), kept with the outputs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stats: Vec<crate::verify::FrameStats>,
+    /// Results held until a second worker agrees (see [`crate::verify`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<crate::verify::Verification>,
 }
 
 impl Task {
@@ -227,6 +234,8 @@ impl Task {
             samples_total: 0,
             machine_failed_on: Vec::new(),
             attempts: Vec::new(),
+            stats: Vec::new(),
+            verify: None,
         }
     }
 

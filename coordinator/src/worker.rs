@@ -66,6 +66,14 @@ pub struct WorkerRecord {
     /// How its capacity is bought.
     #[serde(default)]
     pub capacity: crate::usage::Capacity,
+    /// Registered with `--untrusted`: its tasks are verified at the
+    /// coordinator's `--verify-untrusted`.
+    #[serde(default)]
+    pub untrusted: bool,
+    /// Where its frames disagreed with two other workers' (see
+    /// [`crate::verify`]); it takes no more tasks of those requirement classes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub suspect: Vec<crate::verify::Suspicion>,
 }
 
 impl WorkerRecord {

@@ -197,6 +197,19 @@ function tilesOf(job) {
   return h("div", {}, h("h2", {}, "Tiles of frame " + open.frame + " (" + open.tiles_done + "/" + open.tiles_total + ")"), grid);
 }
 
+// What Blender stamped into each frame (moved out by the workers), and verification.
+function frameStats(job) {
+  const stats = job.frame_stats || [];
+  if (!stats.length) return null;
+  const s = (ms) => ms ? (ms / 1000).toFixed(2) + " s" : "-";
+  const mib = (b) => b ? (b / 1048576).toFixed(1) + " MiB" : "-";
+  const rows = stats.map((f) => h("tr", {}, h("td", {}, f.frame + (f.tile == null ? "" : " tile " + f.tile)),
+    h("td", {}, s(f.render_ms)), h("td", {}, s(f.sync_ms)), h("td", {}, f.samples || "-"), h("td", {}, mib(f.memory_peak_bytes))));
+  return [h("h2", {}, "Render statistics"),
+    job.verify ? h("p", { class: "muted" }, Math.round(job.verify * 100) + " % of tasks verified on a second worker; " + job.tasks_verifying + " awaiting a second result") : null,
+    h("table", { id: "frame-stats" }, h("tr", {}, ["frame", "render", "sync", "samples", "peak memory"].map((c) => h("th", {}, c))), rows)];
+}
+
 function jobView(job) {
   const p = progress(job), t = times(job);
   const act = (name, label, cls) => h("button", { "data-action": name, class: cls, onclick: async (ev) => {
@@ -233,7 +246,7 @@ function jobView(job) {
     h("figure", {}, h("a", { href: "/api/v1/jobs/" + job.id + "/frames/" + o.frame }, h("img", { class: "thumb", loading: "lazy", src: src(o.frame, 256), alt: "frame " + o.frame, "data-frame": o.frame })), h("figcaption", {}, o.frame))));
   const failures = job.tasks.filter((t) => t.message);
   return [head, h("h2", {}, "Frames"), grid, tilesOf(job), previewOf(job, act), h("h2", {}, "Last frame"), hero,
-    beauty.length ? [h("h2", {}, "All frames"), thumbs] : null,
+    beauty.length ? [h("h2", {}, "All frames"), thumbs] : null, frameStats(job),
     failures.length ? [h("h2", {}, "Failures"), failures.map((t) =>
       h("div", { class: "card failure" }, h("strong", {}, "task " + t.index + " (frames " + t.frames.join(",") + ") · " + t.state + " · " + t.attempts + " attempt(s)" + (t.worker ? " · " + t.worker : "")), h("pre", {}, t.message)))] : null];
 }
@@ -307,6 +320,8 @@ function workerCard(w) {
   return h("div", { class: "card", "data-worker": w.id },
     h("h2", {}, w.name + " ", h("span", { class: "muted" }, w.id), " ", stateBadge(w.state)),
     w.drain_reason ? h("p", { class: "error" }, "draining: " + w.drain_reason) : null,
+    w.suspect ? h("p", { class: "error", "data-suspect": "" }, "suspect: " + w.suspect) : null,
+    w.untrusted ? h("p", { class: "muted" }, "untrusted: a share of its tasks is verified on other workers") : null,
     h("dl", { class: "kv" },
       h("dt", {}, "slots"), h("dd", {}, w.tasks_running + " busy of " + w.slots),
       h("dt", {}, "in hand"), h("dd", {}, (w.tasks_in_hand || []).length

@@ -113,6 +113,17 @@ pub fn job(j: &pb::JobView) -> Value {
                 "cost": a.cost,
                 "end": a.end,
             })).collect::<Vec<_>>(),
+            "verification": t.verification,
+        })).collect::<Vec<_>>(),
+        "verify": j.verify,
+        "tasks_verifying": j.tasks_verifying,
+        "frame_stats": j.frame_stats.iter().map(|s| json!({
+            "frame": s.frame,
+            "tile": s.tile,
+            "render_ms": s.render_ms,
+            "sync_ms": s.sync_ms,
+            "samples": s.samples,
+            "memory_peak_bytes": s.memory_peak_bytes,
         })).collect::<Vec<_>>(),
     })
 }
@@ -152,6 +163,8 @@ pub fn worker(w: &pb::WorkerView) -> Value {
         "memory_bytes": w.memory_bytes,
         "tags": w.tags,
         "drain_reason": w.drain_reason,
+        "untrusted": w.untrusted,
+        "suspect": w.suspect,
         "notes": w.notes,
         "slots_info": w.slot_info.iter().map(|s| json!({"slot": s.slot, "device": s.device, "gpu": s.gpu, "vram_bytes": s.vram_bytes})).collect::<Vec<_>>(),
         "gpus": w.gpus.iter().map(|g| json!({

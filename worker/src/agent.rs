@@ -63,6 +63,11 @@ pub struct WorkerConfig {
     pub price_per_hour: f64,
     /// How its capacity is bought: on-demand, spot or reserved.
     pub capacity: String,
+    /// An untrusted machine: the coordinator verifies a share of its tasks.
+    pub untrusted: bool,
+    /// TESTS ONLY: change one pixel of every PNG frame (`tessera worker
+    /// --test-corrupt-pixel`, see [`crate::corrupt`]).
+    pub test_corrupt_pixel: bool,
 }
 
 /// A worker's GPUs and their telemetry sources.
@@ -296,6 +301,7 @@ async fn register<R: Renderer>(
         blender_features: shared.config.blender_features.clone(),
         price_per_hour: shared.config.price_per_hour,
         capacity: shared.config.capacity.clone(),
+        untrusted: shared.config.untrusted,
     };
     let mut delay = Duration::from_millis(200);
     loop {
@@ -439,10 +445,11 @@ async fn run_task<R: Renderer>(
     heartbeat.abort();
     watcher.abort();
     match outcome {
-        Ok(outputs) => {
+        Ok((outputs, stats)) => {
             let req = pb::CompleteRequest {
                 lease_id: lease.clone(),
                 outputs,
+                stats,
             };
             match retry("reporting a result", RESULT_PATIENCE, || {
                 let (mut c, r) = (client.clone(), req.clone());
@@ -546,7 +553,7 @@ async fn execute<R: Renderer>(
     slot: u32,
     progress: Arc<Progress>,
     stop: watch::Receiver<bool>,
-) -> Result<Vec<pb::FrameOutput>, RenderFailure> {
+) -> Result<(Vec<pb::FrameOutput>, Vec<pb::FrameStats>), RenderFailure> {
     let transfer_failed = |what: String| failure(Kind::Transfer, what, "", String::new());
     let mut blobs = pb::blobs_client::BlobsClient::new(shared.channel.clone());
     // A job with a file set renders from its root, built from the file cache.
@@ -650,7 +657,13 @@ async fn execute<R: Renderer>(
     }
     let frames = frames?;
     let mut outputs = Vec::with_capacity(frames.len());
+    let mut stats = Vec::with_capacity(frames.len());
+    let corrupt = shared.config.test_corrupt_pixel;
     for f in frames {
+        stats.push(stamps::settle(&f.path, f.frame, corrupt).await);
+        for p in &f.passes {
+            stamps::settle(&p.path, f.frame, false).await;
+        }
         let output = upload(&blobs, &f.path, f.frame)
             .await
             .map_err(|e| transfer_failed(format!("cannot upload frame {}: {e}", f.frame)))?;
@@ -672,7 +685,7 @@ async fn execute<R: Renderer>(
             });
         }
     }
-    Ok(outputs)
+    Ok((outputs, stats))
 }
 
 /// Hashes and uploads one file of `frame`; the output lacks its extension and pass.
@@ -743,4 +756,5 @@ pub async fn run_blender(
 }
 
 mod report;
+mod stamps;
 use report::{gpu_messages, memory_bytes, send_telemetry, slot_info};

@@ -9,9 +9,11 @@
 //! - [`verify`]: whether a frame is one Blender really rendered for the task.
 //! - [`failure`]: who could fix a failed render (the failure's scope), and how.
 //! - [`isolation`]: Blender's command line and environment; hiding the worker's memory.
+//! - [`metadata`]: Blender's volatile stamps taken out of images, read into render stats.
 //! - [`passes`]: extra outputs of a frame (File Output nodes) and their names.
 //! - [`cache`]: the scene cache, keyed by blake3 digest.
 //! - [`capabilities`]: what this worker's Blender can render (version, denoiser, OSL, Eevee).
+//! - [`corrupt`]: TESTS ONLY: a worker that changes one pixel of its frames.
 //! - [`fileset`]: job roots built from file sets, and the bounded file cache.
 //! - [`transfer`]: streaming blobs to and from a coordinator (also used by the CLI).
 //! - [`gpu`]: probing the machine's GPUs (Vulkan) and their telemetry (NVML).
@@ -22,12 +24,14 @@ pub mod agent;
 pub mod blender;
 pub mod cache;
 pub mod capabilities;
+pub mod corrupt;
 pub mod error;
 pub mod failure;
 pub mod fileset;
 pub mod gpu;
 pub mod image_size;
 pub mod isolation;
+pub mod metadata;
 pub mod passes;
 pub mod session;
 pub mod slots;

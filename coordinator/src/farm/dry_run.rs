@@ -53,6 +53,7 @@ impl Farm {
             capacity: sub.capacity,
             started: false,
             preview: Default::default(),
+            verify: sub.verify,
         };
         let now = self.clock.now_ms();
         let st = self.lock();

@@ -109,6 +109,9 @@ impl Farm {
                 job.requirements.describe()
             ));
         }
+        if let Some(why) = self.verify_waiting(st, job, &usable) {
+            return Some(why);
+        }
         let fails = |w: &WorkerRecord| job.failures_by_worker.get(&w.id.0).copied().unwrap_or(0);
         if usable.iter().all(|w| fails(w) >= self.config.block_after) {
             let least = usable.iter().min_by_key(|w| fails(w)).expect("not empty");

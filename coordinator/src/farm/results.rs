@@ -17,7 +17,17 @@ pub struct PendingResult {
 impl Farm {
     /// Records a task's result. Every output blob must already be stored.
     pub fn complete(&self, lease: LeaseId, outputs: Vec<FrameOutput>) -> Result<Completion, Error> {
-        let pending = self.complete_begin(lease, outputs)?;
+        self.complete_with_stats(lease, outputs, Vec::new())
+    }
+
+    /// Records a task's result with what Blender stamped into its frames.
+    pub fn complete_with_stats(
+        &self,
+        lease: LeaseId,
+        outputs: Vec<FrameOutput>,
+        stats: Vec<crate::verify::FrameStats>,
+    ) -> Result<Completion, Error> {
+        let pending = self.complete_begin_with_stats(lease, outputs, stats)?;
         pending.ticket.wait()?;
         if let Some((job, frame)) = pending.stitch {
             self.stitch_ready(job, frame);
@@ -41,6 +51,18 @@ impl Farm {
         &self,
         lease: LeaseId,
         outputs: Vec<FrameOutput>,
+    ) -> Result<PendingResult, Error> {
+        self.complete_begin_with_stats(lease, outputs, Vec::new())
+    }
+
+    /// [`Farm::complete_begin`] with the frames' render statistics. A result
+    /// of a task sampled for verification is held until a second worker
+    /// agrees ([`crate::verify`]).
+    pub fn complete_begin_with_stats(
+        &self,
+        lease: LeaseId,
+        outputs: Vec<FrameOutput>,
+        stats: Vec<crate::verify::FrameStats>,
     ) -> Result<PendingResult, Error> {
         for o in &outputs {
             check_output(o)?;
@@ -66,6 +88,20 @@ impl Farm {
             };
             let current =
                 matches!(task.state, TaskState::Leased { grant, .. } if grant == lease.grant);
+            let (outputs, extra) =
+                match self.verify_result(&mut st, lease, &mut task, &job, outputs, stats)? {
+                    verification::Step::Deliver(outputs, extra) => (outputs, extra),
+                    verification::Step::Answer(pending) => return Ok(pending),
+                    verification::Step::Unsettled(why) => {
+                        drop(st);
+                        self.fail(lease, &why, "", FailureScope::Everywhere)?;
+                        return Ok(PendingResult {
+                            completion: Completion::Recorded,
+                            ticket: Ticket::none(),
+                            stitch: None,
+                        });
+                    }
+                };
             let completion = task.complete(lease.grant, outputs)?;
             if completion == Completion::Recorded && !current {
                 // Another grant's result came first: the holder's render is wasted.
@@ -102,7 +138,7 @@ impl Farm {
                 job.finish(now)?;
                 tracing::info!(job = %job.id, "job done");
             }
-            let ticket = self.apply(&mut st, vec![task], job, holder.as_ref().map(|h| (h, true)));
+            let ticket = self.store_result(&mut st, task, job, holder.as_ref(), extra);
             (
                 st.to_stitch.contains(&(lease.job, frame)).then_some(frame),
                 ticket,

@@ -72,6 +72,14 @@ fn first_ready(
         if t.machine_failed_on.contains(worker) {
             return false;
         }
+        if t.verify.is_some()
+            && !st
+                .workers
+                .get(worker)
+                .is_some_and(|w| verification::may_take(t, w))
+        {
+            return false;
+        }
         if !t.failed_on.contains(worker) {
             return true;
         }
@@ -114,6 +122,7 @@ pub(super) fn pick(
             || !job.requirements.features_met(features)
             || !job.capacity.accepts(capacity)
             || !may_serve(st, job, worker, block_after, available)
+            || verification::barred(job, st.workers.get(worker))
         {
             continue;
         }

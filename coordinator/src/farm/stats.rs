@@ -26,4 +26,8 @@ pub struct Stats {
     pub committed_changes: u64,
     /// Leases handed back by preempted workers (no attempt charged).
     pub preemptions: u64,
+    /// Verification renders compared with an earlier result of their task.
+    pub verify_checks: u64,
+    /// Tasks whose results differed between workers (counted once a task).
+    pub verify_mismatches: u64,
 }

@@ -228,6 +228,7 @@ impl Farm {
             capacity: sub.capacity,
             started: false,
             preview,
+            verify: sub.verify,
         };
         // A new task is what its job's record says it is: tasks are not
         // written until they change (see `initial_tasks`), so a million

@@ -60,6 +60,7 @@ pub(super) fn config() -> Config {
         max_workers_per_token: 1024,
         max_slots: 256,
         keep_ms: None,
+        ..Config::default()
     }
 }
 
@@ -84,6 +85,7 @@ pub(super) fn sub(scene: Digest, frames: &str, chunk: u32) -> Submission {
         file_set: None,
         features: Vec::new(),
         preview: false,
+        verify: 0.0,
     }
 }
 

@@ -74,6 +74,7 @@ fn submission(scene: Digest, frames: &str, tiles: &str) -> Submission {
         file_set: None,
         features: Vec::new(),
         preview: false,
+        verify: 0.0,
     }
 }
 

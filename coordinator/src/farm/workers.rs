@@ -25,6 +25,8 @@ impl Farm {
             }
         };
         let old = st.workers.get(&id);
+        // A worker coming back keeps what it was caught doing.
+        let suspect = verification::inherited_suspicion(&st, old, &reg.owner, &reg.name);
         let record = WorkerRecord {
             id: id.clone(),
             name: reg
@@ -50,6 +52,8 @@ impl Farm {
             owner: reg.owner,
             price_per_hour: crate::usage::check_price(reg.price_per_hour)?,
             capacity: reg.capacity,
+            untrusted: reg.untrusted,
+            suspect,
         };
         tracing::info!(worker = %id, name = %record.name, slots = record.slots, "worker registered");
         let ticket = self.commit(&st, vec![Owned::Worker(record.clone())]);

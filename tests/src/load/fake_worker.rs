@@ -254,6 +254,7 @@ impl FakeWorker {
             .complete(pb::CompleteRequest {
                 lease_id: task.lease_id.clone(),
                 outputs,
+                ..Default::default()
             })
             .await;
         rec.completes_in_flight.fetch_sub(1, Ordering::Relaxed);

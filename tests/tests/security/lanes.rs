@@ -160,6 +160,7 @@ pub fn lanes(
                 pb::CompleteRequest {
                     lease_id: lease.clone(),
                     outputs: vec![output(&scene)],
+                    ..Default::default()
                 },
                 &r2,
             ))
@@ -215,6 +216,7 @@ pub fn lanes(
                 pb::CompleteRequest {
                     lease_id: lease.clone(),
                     outputs: vec![output(&scene)],
+                    ..Default::default()
                 },
                 &r1,
             ))

@@ -101,6 +101,7 @@ fn submit(f: &Fixture, owner: &str, frames: &str) -> JobId {
             file_set: None,
             features: Vec::new(),
             preview: false,
+            verify: 0.0,
         })
         .unwrap()
 }
@@ -341,6 +342,7 @@ fn missing_blobs_reveals_nothing_and_uploads_prove_possession() {
         file_set: None,
         features: Vec::new(),
         preview: false,
+        verify: 0.0,
     };
     let refused = f.farm.check_submission(&bob, &sub(&bob)).unwrap_err();
     let never = Submission {
@@ -426,6 +428,7 @@ fn a_job_names_only_file_sets_and_files_its_submitter_uploaded() {
         file_set: Some(set),
         features: Vec::new(),
         preview: false,
+        verify: 0.0,
     };
     f.farm.check_submission(&alice, &sub(&alice, set)).unwrap();
     // Bob holds the scene (he uploaded it too) but not alice's file set...
@@ -502,6 +505,7 @@ fn a_scene_over_the_pixel_limit_is_refused_at_submit() {
         file_set: None,
         features: Vec::new(),
         preview: false,
+        verify: 0.0,
     };
     let err = f.farm.check_submission(&alice, &s).unwrap_err();
     assert!(
