@@ -47,7 +47,15 @@ pub fn coordinator_config(a: &CoordinatorArgs) -> Result<tessera_coordinator::Co
 
 pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     let config = coordinator_config(&args)?;
-    let mut coord = tessera_coordinator::Coordinator::open(&args.data, config)
+    let spec = args.blobs.as_deref().unwrap_or("");
+    let blobs = tessera_coordinator::blob_location::open(spec, &args.data, config.max_upload)
+        .with_context(|| {
+            format!(
+                "cannot open the blob store {}",
+                tessera_coordinator::blob_location::describe(spec, &args.data)
+            )
+        })?;
+    let mut coord = tessera_coordinator::Coordinator::open_with_blobs(&args.data, config, blobs)
         .with_context(|| format!("cannot open the data directory {}", args.data.display()))?;
     if let Some(path) = coord.admin_token_path() {
         eprintln!(
