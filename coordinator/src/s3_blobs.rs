@@ -275,7 +275,8 @@ impl S3BlobStore {
         };
         let answer = inner
             .io
-            .run(tokio::time::timeout(CHECK_TIMEOUT, steps))
+            // The timer is made inside: it belongs to the store's runtime.
+            .run(async move { tokio::time::timeout(CHECK_TIMEOUT, steps).await })
             .ok_or_else(|| Error::invalid("the S3 client stopped during its start-up check"))?;
         let loc = &inner.location;
         let bucket = loc
@@ -283,23 +284,46 @@ impl S3BlobStore {
             .split('/')
             .next()
             .unwrap_or("");
-        match answer {
-            Ok(Ok(())) => Ok(()),
-            Err(_) => Err(Error::invalid(format!(
-                "cannot reach the S3 endpoint {endpoint} for {loc} within {}s; check AWS_ENDPOINT_URL and that the server is up",
-                CHECK_TIMEOUT.as_secs()
-            ))),
-            Ok(Err((_, object_store::Error::NotFound { .. }))) => Err(Error::invalid(format!(
+        let (what, e) = match answer {
+            Ok(Ok(())) => return Ok(()),
+            Err(_) => {
+                return Err(Error::invalid(format!(
+                    "cannot reach the S3 endpoint {endpoint} for {loc} within {}s; check AWS_ENDPOINT_URL and that the server is up",
+                    CHECK_TIMEOUT.as_secs()
+                )))
+            }
+            Ok(Err(failed)) => failed,
+        };
+        let refused = "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, and that this key may list, read, write and delete in the bucket";
+        let msg = match (&e, s3_code(&e).as_deref(), transport_failed(&e)) {
+            (_, _, true) => format!(
+                "cannot reach the S3 endpoint {endpoint} for {loc}: {e}; check AWS_ENDPOINT_URL and that the server is up"
+            ),
+            (_, Some("NoSuchBucket"), _) => format!(
                 "the bucket {bucket:?} does not exist at {endpoint}; create it (e.g. `aws s3 mb s3://{bucket}`) or fix the bucket in --blobs {loc}"
-            ))),
-            Ok(Err((what, e @ (object_store::Error::PermissionDenied { .. }
-            | object_store::Error::Unauthenticated { .. })))) => Err(Error::invalid(format!(
-                "the S3 server at {endpoint} refused to {what} in {loc}: {e}; check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, and that this key may list, read, write and delete in the bucket"
-            ))),
-            Ok(Err((what, e))) => Err(Error::invalid(format!(
+            ),
+            (
+                object_store::Error::PermissionDenied { .. }
+                | object_store::Error::Unauthenticated { .. },
+                _,
+                _,
+            )
+            | (
+                _,
+                Some(
+                    "AccessDenied"
+                    | "InvalidAccessKeyId"
+                    | "SignatureDoesNotMatch"
+                    | "InvalidToken"
+                    | "ExpiredToken",
+                ),
+                _,
+            ) => format!("the S3 server at {endpoint} refused to {what} in {loc}: {e}; {refused}"),
+            _ => format!(
                 "cannot {what} in {loc} at {endpoint}: {e}; check AWS_ENDPOINT_URL (and AWS_ALLOW_HTTP=true for a plain-http server), AWS_REGION and the credentials"
-            ))),
-        }
+            ),
+        };
+        Err(Error::invalid(msg))
     }
 
     /// The keys of every object under the prefix (blobs and anything else),
@@ -328,6 +352,29 @@ impl S3BlobStore {
     pub fn key(&self, digest: &Digest) -> String {
         self.inner.blob_key(digest).to_string()
     }
+}
+
+/// The S3 error code (`<Code>NoSuchBucket</Code>`) of a failed request.
+/// object_store keeps the response body only in its error's text, so the
+/// code, a field of the S3 protocol, is read from there.
+fn s3_code(e: &object_store::Error) -> Option<String> {
+    let text = e.to_string();
+    let start = text.find("<Code>")? + "<Code>".len();
+    let len = text[start..].find("</Code>")?;
+    Some(text[start..start + len].to_string())
+}
+
+/// Whether a request failed before any answer (connection refused, timeout).
+fn transport_failed(e: &object_store::Error) -> bool {
+    use object_store::client::{HttpError, HttpErrorKind};
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(h) = s.downcast_ref::<HttpError>() {
+            return matches!(h.kind(), HttpErrorKind::Connect | HttpErrorKind::Timeout);
+        }
+        source = s.source();
+    }
+    false
 }
 
 impl Inner {

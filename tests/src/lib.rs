@@ -8,11 +8,13 @@
 //! * [`load`]: the load generator behind `tessera-load` and
 //!   `scripts/bench-coordinator.sh`: fake workers and clients driving a
 //!   real coordinator over gRPC.
+//! * [`s3`]: a real S3 server (SeaweedFS) for the S3 blob store's tests.
 
 pub mod browser;
 pub mod fake_coordinator;
 pub mod http;
 pub mod load;
+pub mod s3;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -37,6 +39,10 @@ pub fn tessera() -> PathBuf {
         let status = Command::new(env!("CARGO"))
             .args(["build", "-q", "-p", "tessera-cli", "--bin", "tessera"])
             .current_dir(root())
+            // Cargo sets this for the test; ring's build script reruns when
+            // it changes, which would rebuild the TLS stack here and again
+            // in the next `cargo test`.
+            .env_remove("CARGO_MANIFEST_DIR")
             .status()
             .expect("cargo runs");
         assert!(status.success(), "building tessera failed");
@@ -207,6 +213,12 @@ pub struct Coordinator {
 impl Coordinator {
     /// Starts a coordinator on `listen` (e.g. `127.0.0.1:0`) over `data`.
     pub fn start(data: &Path, listen: &str, extra: &[&str]) -> Self {
+        Self::start_env(data, listen, extra, &[])
+    }
+
+    /// [`start`](Self::start) with these environment variables (e.g. an S3
+    /// server's, see [`s3::S3Server::env`]).
+    pub fn start_env(data: &Path, listen: &str, extra: &[&str], env: &[(&str, String)]) -> Self {
         let log = data.with_extension(format!("coordinator-{}.log", unique()));
         std::fs::create_dir_all(data).unwrap();
         // `--tls-ca-for-tests CA` is the harness's own (the CA clients
@@ -226,6 +238,7 @@ impl Coordinator {
             .args(["coordinator", "--listen", listen, "--data"])
             .arg(data)
             .args(&passed)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
