@@ -11,6 +11,9 @@ ensure_vulkan
 ensure_chromium
 ensure_test_tools
 ensure_rust
+ensure_s3_server
+# The servers above are installed: tests that need one fail, not skip, when it cannot start.
+export TESSERA_REQUIRE_SERVERS=1
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
