@@ -720,6 +720,78 @@ impl BlobStore for S3BlobStore {
 mod tests {
     use super::*;
 
+    /// A request's answer, as the S3 client's runtime would give it.
+    fn answer(io: &Io) -> Option<u32> {
+        io.run(async {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            7
+        })
+    }
+
+    #[test]
+    fn the_sync_seam_answers_on_a_plain_thread() {
+        assert_eq!(answer(&Io::new().unwrap()), Some(7));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_sync_seam_answers_on_a_current_thread_runtime_and_drops_there() {
+        let io = Io::new().unwrap();
+        assert_eq!(answer(&io), Some(7));
+        // Dropped on an async thread: no "cannot drop a runtime" panic.
+        drop(io);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn callers_on_every_worker_thread_leave_the_runtime_running() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let io = Arc::new(Io::new().unwrap());
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let tx = Arc::new(tx);
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let (done, answers) = std::sync::mpsc::channel();
+        // As many callers as the runtime has workers, each waiting for an
+        // answer that needs a task of this runtime to run: without
+        // block_in_place they would hold both workers and never get it.
+        for _ in 0..2 {
+            let (io, waiting, mut rx, done) =
+                (io.clone(), waiting.clone(), rx.clone(), done.clone());
+            tokio::spawn(async move {
+                waiting.fetch_add(1, Ordering::SeqCst);
+                let got = io.run(async move { rx.wait_for(|go| *go).await.is_ok() });
+                let _ = done.send(got);
+            });
+        }
+        while waiting.load(Ordering::SeqCst) < 2 {
+            std::thread::yield_now();
+        }
+        let go = tx.clone();
+        tokio::spawn(async move { go.send(true) });
+        // Waited for here, on the test's own thread, which no caller holds.
+        for _ in 0..2 {
+            match answers.recv_timeout(Duration::from_secs(20)) {
+                Ok(got) => assert_eq!(got, Some(true)),
+                Err(_) => {
+                    let _ = tx.send(true); // let the stuck callers finish
+                    panic!("callers blocked the runtime's workers");
+                }
+            }
+        }
+        let blocking = io.clone();
+        let from_blocking = tokio::task::spawn_blocking(move || answer(&blocking));
+        assert_eq!(from_blocking.await.unwrap(), Some(7));
+        drop(Arc::try_unwrap(io).unwrap());
+    }
+
+    #[test]
+    fn a_call_from_the_stores_own_runtime_is_refused_not_deadlocked() {
+        let io = Arc::new(Io::new().unwrap());
+        let inner = io.clone();
+        let got = io
+            .run(async move { answer(&inner) })
+            .expect("the outer call answers");
+        assert_eq!(got, None);
+    }
+
     #[test]
     fn urls_name_a_bucket_and_a_prefix() {
         assert_eq!(
