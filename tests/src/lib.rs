@@ -36,15 +36,29 @@ pub fn tessera() -> PathBuf {
     BIN.get_or_init(|| {
         let target = std::env::var_os("CARGO_TARGET_DIR")
             .map_or_else(|| root().join("target"), PathBuf::from);
-        let status = Command::new(env!("CARGO"))
+        let mut build = Command::new(env!("CARGO"));
+        build
             .args(["build", "-q", "-p", "tessera-cli", "--bin", "tessera"])
-            .current_dir(root())
-            // Cargo sets this for the test; ring's build script reruns when
-            // it changes, which would rebuild the TLS stack here and again
-            // in the next `cargo test`.
-            .env_remove("CARGO_MANIFEST_DIR")
-            .status()
-            .expect("cargo runs");
+            .current_dir(root());
+        // Cargo sets these for the test; ring's build script reruns when one
+        // changes, which would rebuild the TLS stack here and again in the
+        // next `cargo test`.
+        for (key, _) in std::env::vars_os() {
+            let k = key.to_string_lossy();
+            if k.starts_with("CARGO_PKG_")
+                || k.starts_with("CARGO_MANIFEST_")
+                || k.starts_with("CARGO_BIN_")
+                || [
+                    "CARGO_CRATE_NAME",
+                    "CARGO_PRIMARY_PACKAGE",
+                    "CARGO_TARGET_TMPDIR",
+                ]
+                .contains(&k.as_ref())
+            {
+                build.env_remove(&key);
+            }
+        }
+        let status = build.status().expect("cargo runs");
         assert!(status.success(), "building tessera failed");
         target.join("debug").join("tessera")
     })
