@@ -129,7 +129,14 @@ fn a_farm_with_blobs_in_s3_renders_exactly_and_deleting_frees_the_bucket() {
     let coord = Coordinator::start_env(
         &dir.path().join("data"),
         "127.0.0.1:0",
-        &["--blobs", &url, "--blob-grace", "0.5"],
+        &[
+            "--blobs",
+            &url,
+            "--blob-grace",
+            "0.5",
+            "--http",
+            "127.0.0.1:0",
+        ],
         &server.env(),
     );
     // Nothing went to the data directory's blob folder.
@@ -208,13 +215,54 @@ fn a_farm_with_blobs_in_s3_renders_exactly_and_deleting_frees_the_bucket() {
         );
     }
 
-    // Deleting both jobs frees every object they used.
+    // A large upload over HTTP streams into a multipart upload from the
+    // async handler; one whose bytes do not match its digest leaves nothing.
+    let api = coord
+        .metrics
+        .as_deref()
+        .unwrap()
+        .trim_end_matches("/metrics");
+    let token = coord.admin_token();
+    let large = contract::pattern(contract::LARGE, 9);
+    let d = tessera_coordinator::digest::Digest::of(&large);
+    let put = |digest: &str, body: &[u8]| {
+        tessera_tests::http::request(
+            "PUT",
+            &format!("{api}/api/v1/blobs/{digest}"),
+            Some(&token),
+            &[],
+            body,
+        )
+    };
+    let stored = put(&d.to_hex(), &large);
+    assert_eq!(
+        stored.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&stored.body)
+    );
+    assert_eq!(bucket.size(&d), Some(contract::LARGE as u64));
+    assert!(bucket.read(&d).unwrap() == large);
+    let other = tessera_coordinator::digest::Digest::of(b"not these bytes");
+    let refused = put(&other.to_hex(), &large);
+    assert_eq!(
+        refused.status,
+        400,
+        "{}",
+        String::from_utf8_lossy(&refused.body)
+    );
+    assert!(!bucket.contains(&other));
+
+    // Deleting both jobs frees every object they used. (The upload above,
+    // which no job names, is left to the collector's own rules.)
     for id in &ids {
         let deleted = cli(&coord.url, &["delete", id]);
         assert!(deleted.status.success(), "{deleted:?}");
     }
     let emptied = eventually(Duration::from_secs(30), || {
-        bucket.keys().is_ok_and(|k| k.is_empty())
+        bucket
+            .keys()
+            .is_ok_and(|k| k.iter().all(|k| *k == bucket.key(&d)))
     });
     assert!(
         emptied,
