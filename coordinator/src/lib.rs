@@ -14,6 +14,9 @@
 //! - [`fileset`]: job file sets (every file a scene needs) and their checks.
 //! - [`store`]: durable metadata (sled) and its in-memory twin.
 //! - [`blob_store`]: content-addressed blobs on disk and in memory.
+//! - [`s3_blobs`]: blobs in an S3-compatible bucket; [`aws_profile`]: its
+//!   settings from the AWS config files; [`blob_location`]: `--blobs` (a
+//!   directory or `s3://bucket/prefix`).
 //! - [`refs`]: blob reference counts, deciding which blobs may be collected.
 //! - [`clock`]: time behind a trait.
 //! - [`convert`]: domain <-> protocol conversions.
@@ -35,7 +38,9 @@
 
 pub mod api;
 pub mod auth;
+pub mod aws_profile;
 pub mod blendfile;
+pub mod blob_location;
 pub mod blob_store;
 pub mod clock;
 pub mod convert;
@@ -53,6 +58,7 @@ pub mod limits;
 pub mod metrics;
 pub mod preview;
 pub mod refs;
+pub mod s3_blobs;
 pub mod server;
 pub mod stitch;
 pub mod store;

@@ -9,7 +9,7 @@ use tessera_proto as pb;
 use tokio::net::TcpListener;
 
 use crate::auth::Role;
-use crate::blob_store::FsBlobStore;
+use crate::blob_store::{BlobStore, FsBlobStore};
 use crate::clock::SystemClock;
 use crate::error::Error;
 use crate::farm::{Config, Farm};
@@ -43,10 +43,20 @@ fn write_secret(path: &Path, secret: &str) -> Result<(), Error> {
 impl Coordinator {
     /// Opens `data` (creating it): metadata in `data/db`, blobs in `data/blobs`.
     pub fn open(data: &Path, config: Config) -> Result<Self, Error> {
+        let blobs = Arc::new(FsBlobStore::open(&data.join("blobs"), config.max_upload)?);
+        Self::open_with_blobs(data, config, blobs)
+    }
+
+    /// Opens `data` (creating it) for the metadata, with the blobs in
+    /// `blobs` (see [`crate::blob_location::open`]).
+    pub fn open_with_blobs(
+        data: &Path,
+        config: Config,
+        blobs: Arc<dyn BlobStore>,
+    ) -> Result<Self, Error> {
         std::fs::create_dir_all(data)
             .map_err(|e| Error::io(format!("cannot create {}", data.display()), e))?;
         let store = Arc::new(SledStore::open(&data.join("db"))?);
-        let blobs = Arc::new(FsBlobStore::open(&data.join("blobs"), config.max_upload)?);
         let farm = Farm::open(store, blobs, Arc::new(SystemClock), config)?;
         // Frames a preview left behind when the coordinator stopped mid-way.
         let _ = std::fs::remove_dir_all(data.join("tmp").join("previews"));

@@ -8,11 +8,13 @@
 //! * [`load`]: the load generator behind `tessera-load` and
 //!   `scripts/bench-coordinator.sh`: fake workers and clients driving a
 //!   real coordinator over gRPC.
+//! * [`s3`]: a real S3 server (SeaweedFS) for the S3 blob store's tests.
 
 pub mod browser;
 pub mod fake_coordinator;
 pub mod http;
 pub mod load;
+pub mod s3;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -34,11 +36,29 @@ pub fn tessera() -> PathBuf {
     BIN.get_or_init(|| {
         let target = std::env::var_os("CARGO_TARGET_DIR")
             .map_or_else(|| root().join("target"), PathBuf::from);
-        let status = Command::new(env!("CARGO"))
+        let mut build = Command::new(env!("CARGO"));
+        build
             .args(["build", "-q", "-p", "tessera-cli", "--bin", "tessera"])
-            .current_dir(root())
-            .status()
-            .expect("cargo runs");
+            .current_dir(root());
+        // Cargo sets these for the test; ring's build script reruns when one
+        // changes, which would rebuild the TLS stack here and again in the
+        // next `cargo test`.
+        for (key, _) in std::env::vars_os() {
+            let k = key.to_string_lossy();
+            if k.starts_with("CARGO_PKG_")
+                || k.starts_with("CARGO_MANIFEST_")
+                || k.starts_with("CARGO_BIN_")
+                || [
+                    "CARGO_CRATE_NAME",
+                    "CARGO_PRIMARY_PACKAGE",
+                    "CARGO_TARGET_TMPDIR",
+                ]
+                .contains(&k.as_ref())
+            {
+                build.env_remove(&key);
+            }
+        }
+        let status = build.status().expect("cargo runs");
         assert!(status.success(), "building tessera failed");
         target.join("debug").join("tessera")
     })
@@ -207,6 +227,12 @@ pub struct Coordinator {
 impl Coordinator {
     /// Starts a coordinator on `listen` (e.g. `127.0.0.1:0`) over `data`.
     pub fn start(data: &Path, listen: &str, extra: &[&str]) -> Self {
+        Self::start_env(data, listen, extra, &[])
+    }
+
+    /// [`start`](Self::start) with these environment variables (e.g. an S3
+    /// server's, see [`s3::S3Server::env`]).
+    pub fn start_env(data: &Path, listen: &str, extra: &[&str], env: &[(&str, String)]) -> Self {
         let log = data.with_extension(format!("coordinator-{}.log", unique()));
         std::fs::create_dir_all(data).unwrap();
         // `--tls-ca-for-tests CA` is the harness's own (the CA clients
@@ -226,6 +252,7 @@ impl Coordinator {
             .args(["coordinator", "--listen", listen, "--data"])
             .arg(data)
             .args(&passed)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
