@@ -8,11 +8,13 @@
 //! * [`load`]: the load generator behind `tessera-load` and
 //!   `scripts/bench-coordinator.sh`: fake workers and clients driving a
 //!   real coordinator over gRPC.
+//! * [`postgres`]: a real PostgreSQL server in a temporary directory.
 
 pub mod browser;
 pub mod fake_coordinator;
 pub mod http;
 pub mod load;
+pub mod postgres;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
