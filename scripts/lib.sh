@@ -56,3 +56,18 @@ ensure_chromium() {
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
   command -v chromium >/dev/null 2>&1 || { echo "error: installing chromium failed; install it by hand (apt-get install chromium) or set TESSERA_CHROMIUM" >&2; exit 1; }
 }
+
+ensure_postgres() {
+  # Debian's PostgreSQL server binaries (initdb, pg_ctl) for the PostgreSQL
+  # store and high-availability tests; each test starts its own server in a
+  # temporary directory, as an unprivileged user. Returns non-zero (after
+  # saying why) when it cannot be installed, so the caller can skip them.
+  if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1; then return 0; fi
+  echo "installing Debian's postgresql for the PostgreSQL store tests..." >&2
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  $SUDO apt-get update -qq || true
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql >/dev/null || true
+  if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then return 0; fi
+  echo "warning: PostgreSQL could not be installed; the PostgreSQL store and failover tests will be skipped" >&2
+  return 1
+}

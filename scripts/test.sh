@@ -11,6 +11,9 @@ ensure_vulkan
 ensure_chromium
 ensure_test_tools
 ensure_rust
+# With the server installed, the PostgreSQL tests must run: a server that
+# cannot start fails them instead of skipping them.
+if ensure_postgres; then export TESSERA_REQUIRE_SERVERS=1; fi
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
