@@ -9,12 +9,12 @@ use tessera_proto as pb;
 use tokio::net::TcpListener;
 
 use crate::auth::Role;
-use crate::blob_store::FsBlobStore;
+use crate::blob_store::{BlobStore, FsBlobStore};
 use crate::clock::SystemClock;
 use crate::error::Error;
 use crate::farm::{Config, Farm};
 use crate::grpc::{BlobsService, FarmService, WorkService};
-use crate::store::SledStore;
+use crate::store::{MetaStore, SledStore};
 use tonic::service::interceptor::InterceptedService;
 
 /// A coordinator over a data directory.
@@ -45,6 +45,19 @@ impl Coordinator {
             .map_err(|e| Error::io(format!("cannot create {}", data.display()), e))?;
         let store = Arc::new(SledStore::open(&data.join("db"))?);
         let blobs = Arc::new(FsBlobStore::open(&data.join("blobs"), config.max_upload)?);
+        Self::open_on(data, store, blobs, config)
+    }
+
+    /// Opens a coordinator on `store` and `blobs`, with its admin token
+    /// (when this start creates one) written to `data/admin.token`.
+    pub fn open_on(
+        data: &Path,
+        store: Arc<dyn MetaStore>,
+        blobs: Arc<dyn BlobStore>,
+        config: Config,
+    ) -> Result<Self, Error> {
+        std::fs::create_dir_all(data)
+            .map_err(|e| Error::io(format!("cannot create {}", data.display()), e))?;
         let farm = Farm::open(store, blobs, Arc::new(SystemClock), config)?;
         farm.recover_stitching()?;
         let admin_token = match farm.ensure_admin()? {
