@@ -7,6 +7,7 @@ mod bundle;
 mod client;
 mod commands;
 mod fileset;
+mod ha;
 mod local;
 mod serve;
 mod show;
@@ -238,6 +239,27 @@ struct CoordinatorArgs {
     /// Allow plain text on a non-loopback address (tokens travel unencrypted).
     #[arg(long)]
     allow_plaintext: bool,
+    /// Where the metadata lives: `sled` (DATA/db, the default) or
+    /// `postgres://USER@HOST:PORT/DATABASE` (PostgreSQL 15+; several
+    /// coordinators on one database are one active and standbys).
+    #[arg(long, env = "TESSERA_STORE", hide_env_values = true)]
+    store: Option<String>,
+    /// Where blobs live: a directory (default DATA/blobs). An active and a
+    /// standby coordinator must share it.
+    #[arg(long)]
+    blobs: Option<String>,
+    /// With a PostgreSQL store: a standby takes over within this many
+    /// seconds of the active coordinator's death.
+    #[arg(long, default_value_t = 10.0)]
+    failover_seconds: f64,
+    /// With a PostgreSQL store: the URL clients reach this coordinator at,
+    /// which standbys name (default: http(s)://HOST:PORT of --listen).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// Ask the coordinators at --coordinator (a,b) whether each is active or
+    /// standby, print it, and exit.
+    #[arg(long)]
+    status: bool,
 }
 
 #[derive(Args, Debug)]
