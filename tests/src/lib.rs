@@ -324,6 +324,15 @@ fn tokens() -> &'static Mutex<std::collections::HashMap<String, (String, String)
     TOKENS.get_or_init(Default::default)
 }
 
+/// Makes `alias` (e.g. `http://a,http://b`, several coordinators of one
+/// farm) use these tokens: (admin, worker).
+pub fn set_tokens(alias: &str, admin: &str, worker: &str) {
+    tokens()
+        .lock()
+        .unwrap()
+        .insert(alias.to_string(), (admin.to_string(), worker.to_string()));
+}
+
 fn token_for(url: &str, worker: bool) -> Option<String> {
     tokens()
         .lock()

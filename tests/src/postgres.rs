@@ -255,3 +255,97 @@ fn euid() -> u32 {
         })
         .unwrap_or(u32::MAX)
 }
+
+/// A coordinator process on a PostgreSQL store, active or standby, whose
+/// standard output is collected line by line.
+pub struct PgCoordinator {
+    /// The process.
+    pub proc: crate::Proc,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    /// `http://127.0.0.1:PORT/metrics`.
+    pub metrics: String,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl PgCoordinator {
+    /// Starts `tessera coordinator --store STORE --blobs BLOBS --http` on
+    /// `listen` over `data`, and waits until it listens (active or standby).
+    pub fn start(data: &Path, listen: &str, store: &str, blobs: &Path, extra: &[&str]) -> Self {
+        use std::io::BufRead;
+        std::fs::create_dir_all(data).unwrap();
+        let log = data.join(format!(
+            "coordinator-{}.log",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        let mut child = Command::new(crate::tessera())
+            .args(["coordinator", "--listen", listen, "--http", "127.0.0.1:0"])
+            .arg("--data")
+            .arg(data)
+            .args(["--store", store])
+            .arg("--blobs")
+            .arg(blobs)
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut reader = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("tessera coordinator listening on ")
+            .unwrap_or_else(|| {
+                panic!(
+                    "coordinator did not start: {line:?}\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                )
+            })
+            .to_string();
+        let mut m = String::new();
+        reader.read_line(&mut m).unwrap();
+        let metrics = m
+            .trim()
+            .trim_start_matches("tessera coordinator metrics on ")
+            .to_string();
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for l in reader.lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(l);
+            }
+        });
+        Self {
+            proc: crate::Proc { child, log },
+            url: format!("http://{addr}"),
+            addr,
+            metrics,
+            lines,
+        }
+    }
+
+    /// Waits up to `timeout` for an output line containing `what`; returns it.
+    pub fn wait_line(&self, what: &str, timeout: std::time::Duration) -> Option<String> {
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(l) = self.lines.lock().unwrap().iter().find(|l| l.contains(what)) {
+                return Some(l.clone());
+            }
+            if start.elapsed() > timeout {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// Its output lines after the listening ones.
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+}
