@@ -62,7 +62,10 @@ pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
             None => tessera_coordinator::Coordinator::open(&args.data, config),
             Some(spec) => {
                 std::fs::create_dir_all(&args.data).map_err(|e| {
-                    tessera_coordinator::Error::io(format!("cannot create {}", args.data.display()), e)
+                    tessera_coordinator::Error::io(
+                        format!("cannot create {}", args.data.display()),
+                        e,
+                    )
                 })?;
                 let store = std::sync::Arc::new(tessera_coordinator::store::SledStore::open(
                     &args.data.join("db"),
@@ -73,8 +76,8 @@ pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
             }
         }
     };
-    let mut coord =
-        open().with_context(|| format!("cannot open the data directory {}", args.data.display()))?;
+    let mut coord = open()
+        .with_context(|| format!("cannot open the data directory {}", args.data.display()))?;
     say_admin_token(&coord);
     if let Some((cert, key)) = tls {
         coord = coord.with_tls(cert, key);

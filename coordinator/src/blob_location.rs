@@ -12,7 +12,10 @@ use crate::error::Error;
 /// uploads over `max_blob` bytes.
 pub fn open(spec: &str, data_dir: &Path, max_blob: u64) -> Result<Arc<dyn BlobStore>, Error> {
     if spec.is_empty() {
-        return Ok(Arc::new(FsBlobStore::open(&data_dir.join("blobs"), max_blob)?));
+        return Ok(Arc::new(FsBlobStore::open(
+            &data_dir.join("blobs"),
+            max_blob,
+        )?));
     }
     if let Some((scheme, _)) = spec.split_once("://") {
         return Err(Error::invalid(format!(

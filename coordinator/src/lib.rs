@@ -31,8 +31,8 @@
 
 pub mod api;
 pub mod auth;
-pub mod blob_location;
 pub mod blendfile;
+pub mod blob_location;
 pub mod blob_store;
 pub mod clock;
 pub mod convert;

@@ -44,8 +44,16 @@ pub fn role(active: bool) -> String {
         "gauge",
         "This coordinator's role: 1 for active or standby (high availability on PostgreSQL).",
     );
-    o.sample("tessera_coordinator_role", &[("role", "active")], f64::from(u8::from(active)));
-    o.sample("tessera_coordinator_role", &[("role", "standby")], f64::from(u8::from(!active)));
+    o.sample(
+        "tessera_coordinator_role",
+        &[("role", "active")],
+        f64::from(u8::from(active)),
+    );
+    o.sample(
+        "tessera_coordinator_role",
+        &[("role", "standby")],
+        f64::from(u8::from(!active)),
+    );
     o.0
 }
 

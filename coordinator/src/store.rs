@@ -809,7 +809,9 @@ mod tests {
 
     impl suite::Opener for SledOpener {
         fn fresh(&mut self, case: &str) -> Result<std::sync::Arc<dyn MetaStore>, Error> {
-            Ok(std::sync::Arc::new(SledStore::open(&self.0.path().join(case))?))
+            Ok(std::sync::Arc::new(SledStore::open(
+                &self.0.path().join(case),
+            )?))
         }
         fn reopen(&mut self, case: &str) -> Result<std::sync::Arc<dyn MetaStore>, Error> {
             self.fresh(case)

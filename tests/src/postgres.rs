@@ -150,7 +150,9 @@ impl PgServer {
         match PgServer::start() {
             Ok(s) => Some(s),
             Err(e) if std::env::var("TESSERA_REQUIRE_SERVERS").as_deref() == Ok("1") => {
-                panic!("{test}: PostgreSQL must run (TESSERA_REQUIRE_SERVERS=1) but cannot start: {e}")
+                panic!(
+                    "{test}: PostgreSQL must run (TESSERA_REQUIRE_SERVERS=1) but cannot start: {e}"
+                )
             }
             Err(e) => {
                 eprintln!("skipped {test}: no PostgreSQL server: {e}");

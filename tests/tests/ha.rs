@@ -28,7 +28,11 @@ fn tokens(data: &Path, url: &str, urls: &[&str]) -> (String, String) {
         .expect("the first coordinator writes the admin token")
         .trim()
         .to_string();
-    let out = cli_as(url, Some(&admin), &["users", "add", "workers", "--role", "worker"]);
+    let out = cli_as(
+        url,
+        Some(&admin),
+        &["users", "add", "workers", "--role", "worker"],
+    );
     assert!(
         out.status.success(),
         "users add: {}",
@@ -57,16 +61,25 @@ fn completions(logs: &[String]) -> BTreeMap<String, usize> {
 
 #[test]
 fn six_frames_on_two_workers_with_the_postgres_store_are_exact() {
-    let Some(pg) = PgServer::start_or_skip("six_frames_on_two_workers_with_the_postgres_store_are_exact")
+    let Some(pg) =
+        PgServer::start_or_skip("six_frames_on_two_workers_with_the_postgres_store_are_exact")
     else {
         return;
     };
     let dir = scratch();
     let scene = scene(&["--kind", "anim", "--frames", "8"]);
     let data = dir.path().join("data");
-    let coord = PgCoordinator::start(&data, "127.0.0.1:0", &pg.url(), &dir.path().join("blobs"), &[]);
+    let coord = PgCoordinator::start(
+        &data,
+        "127.0.0.1:0",
+        &pg.url(),
+        &dir.path().join("blobs"),
+        &[],
+    );
     assert!(
-        coord.wait_line("active (epoch 1)", Duration::from_secs(30)).is_some(),
+        coord
+            .wait_line("active (epoch 1)", Duration::from_secs(30))
+            .is_some(),
         "{:?}\n{}",
         coord.lines(),
         coord.proc.log()
@@ -97,17 +110,27 @@ fn six_frames_on_two_workers_with_the_postgres_store_are_exact() {
     reference(&scene, 1, 6, &refs);
     assert_matches_reference(&out, &refs, 1..=6);
     // The records are in PostgreSQL: the job and its six tasks.
-    assert_eq!(pg.psql("tessera", "SELECT count(*) FROM tessera_jobs").unwrap(), "1");
-    assert_eq!(pg.psql("tessera", "SELECT count(*) FROM tessera_tasks").unwrap(), "6");
     assert_eq!(
-        pg.psql("tessera", "SELECT body->>'state' FROM tessera_jobs").unwrap(),
+        pg.psql("tessera", "SELECT count(*) FROM tessera_jobs")
+            .unwrap(),
+        "1"
+    );
+    assert_eq!(
+        pg.psql("tessera", "SELECT count(*) FROM tessera_tasks")
+            .unwrap(),
+        "6"
+    );
+    assert_eq!(
+        pg.psql("tessera", "SELECT body->>'state' FROM tessera_jobs")
+            .unwrap(),
         "Done"
     );
 }
 
 #[test]
 fn the_standby_takes_over_when_the_active_is_killed_and_the_job_finishes_exactly() {
-    let Some(pg) = PgServer::start_or_skip("the_standby_takes_over_when_the_active_is_killed") else {
+    let Some(pg) = PgServer::start_or_skip("the_standby_takes_over_when_the_active_is_killed")
+    else {
         return;
     };
     let dir = scratch();
@@ -117,12 +140,19 @@ fn the_standby_takes_over_when_the_active_is_killed_and_the_job_finishes_exactly
     let (data_a, data_b) = (dir.path().join("a"), dir.path().join("b"));
     let ha = ["--lease-ttl", "5", "--failover-seconds", "3"];
     let mut a = PgCoordinator::start(&data_a, "127.0.0.1:0", &pg.url(), &blobs, &ha);
-    assert!(a.wait_line("active", Duration::from_secs(30)).is_some(), "{}", a.proc.log());
+    assert!(
+        a.wait_line("active", Duration::from_secs(30)).is_some(),
+        "{}",
+        a.proc.log()
+    );
     let b = PgCoordinator::start(&data_b, "127.0.0.1:0", &pg.url(), &blobs, &ha);
     let line = b
         .wait_line("standby", Duration::from_secs(30))
         .unwrap_or_else(|| panic!("{:?}\n{}", b.lines(), b.proc.log()));
-    assert!(line.contains(&a.url), "the standby names the active one: {line}");
+    assert!(
+        line.contains(&a.url),
+        "the standby names the active one: {line}"
+    );
     let both = format!("{},{}", a.url, b.url);
     let (admin, worker_token) = tokens(&data_a, &a.url, &[&a.url, &b.url, &both]);
 
@@ -139,9 +169,15 @@ fn the_standby_takes_over_when_the_active_is_killed_and_the_job_finishes_exactly
     assert!(roles.contains(&format!("{}  active", a.url)), "{roles}");
     assert!(roles.contains(&format!("{}  standby", b.url)), "{roles}");
     let (_, metrics) = http_get_as(&a.metrics, Some(&admin));
-    assert!(metrics.contains("tessera_coordinator_role{role=\"active\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains("tessera_coordinator_role{role=\"active\"} 1"),
+        "{metrics}"
+    );
     let (_, metrics) = http_get(&b.metrics);
-    assert!(metrics.contains("tessera_coordinator_role{role=\"standby\"} 1"), "{metrics}");
+    assert!(
+        metrics.contains("tessera_coordinator_role{role=\"standby\"} 1"),
+        "{metrics}"
+    );
 
     // Two workers that know both coordinators.
     let env = [("TESSERA_TOKEN", worker_token.as_str())];
@@ -169,19 +205,26 @@ fn the_standby_takes_over_when_the_active_is_killed_and_the_job_finishes_exactly
     // The standby takes over within --failover-seconds (3 here; 10 s allows
     // for a busy machine), loads the state and serves.
     assert!(
-        b.wait_line("active (epoch", Duration::from_secs(10)).is_some(),
+        b.wait_line("active (epoch", Duration::from_secs(10))
+            .is_some(),
         "no takeover within 10 s: {:?}\n{}",
         b.lines(),
         b.proc.log()
     );
-    eprintln!("takeover {:.2} s after the kill", killed.elapsed().as_secs_f64());
+    eprintln!(
+        "takeover {:.2} s after the kill",
+        killed.elapsed().as_secs_f64()
+    );
     let done = wait_for(&both, job, LONG, "the job to finish", |j| {
         j["state"] == "done" || j["state"] == "failed"
     });
     assert_eq!(done["state"], "done", "{done:#}");
     assert_eq!(done["frames_done"], 6);
     let out = dir.path().join("out");
-    cli_ok(&both, &["fetch", &job.to_string(), "-o", out.to_str().unwrap()]);
+    cli_ok(
+        &both,
+        &["fetch", &job.to_string(), "-o", out.to_str().unwrap()],
+    );
     let refs = dir.path().join("refs");
     reference(&scene, 1, 6, &refs);
     assert_matches_reference(&out, &refs, 1..=6);
@@ -206,7 +249,10 @@ fn the_standby_takes_over_when_the_active_is_killed_and_the_job_finishes_exactly
         assert_eq!(n, 1, "task {index} was completed {n} times: {counts:?}");
     }
     let b_log = b.proc.log();
-    assert!(b_log.contains("recovered state") && b_log.contains("open=1"), "{b_log}");
+    assert!(
+        b_log.contains("recovered state") && b_log.contains("open=1"),
+        "{b_log}"
+    );
 
     // The killed one comes back as standby, naming the new active one.
     let a2 = PgCoordinator::start(&data_a, &a.addr, &pg.url(), &blobs, &ha);

@@ -48,8 +48,11 @@ fn migrations_are_versioned_and_applied_once() {
     }
     drop(PgStore::open(&url).unwrap());
     assert_eq!(
-        pg.psql("tessera", "SELECT version, name FROM tessera_migrations ORDER BY version")
-            .unwrap(),
+        pg.psql(
+            "tessera",
+            "SELECT version, name FROM tessera_migrations ORDER BY version"
+        )
+        .unwrap(),
         "1|initial"
     );
     // A schema from a newer Tessera is refused with a message that says so.
@@ -58,7 +61,9 @@ fn migrations_are_versioned_and_applied_once() {
         "INSERT INTO tessera_migrations (version, name) VALUES (999, 'future')",
     )
     .unwrap();
-    let err = PgStore::open(&url).err().expect("a newer schema is refused");
+    let err = PgStore::open(&url)
+        .err()
+        .expect("a newer schema is refused");
     assert!(err.to_string().contains("newer Tessera"), "{err}");
 }
 
@@ -68,14 +73,20 @@ fn a_deposed_store_writes_nothing() {
         return;
     };
     let store = PgStore::open(&pg.url()).unwrap();
-    pg.psql("tessera", "UPDATE tessera_leader SET epoch = 4, url = 'http://a:7878'")
-        .unwrap();
+    pg.psql(
+        "tessera",
+        "UPDATE tessera_leader SET epoch = 4, url = 'http://a:7878'",
+    )
+    .unwrap();
     store.fence(4);
     let job = suite::job(1);
     store.write(&[Record::Job(&job)]).unwrap();
     // Another coordinator takes over: epoch 5.
-    pg.psql("tessera", "UPDATE tessera_leader SET epoch = 5, url = 'http://b:7878'")
-        .unwrap();
+    pg.psql(
+        "tessera",
+        "UPDATE tessera_leader SET epoch = 5, url = 'http://b:7878'",
+    )
+    .unwrap();
     let mut changed = job.clone();
     changed.priority = 7;
     let err = store
@@ -93,7 +104,9 @@ fn a_deposed_store_writes_nothing() {
 
 #[test]
 fn a_bad_url_or_an_absent_server_is_a_clear_error() {
-    let err = PgStore::open("postgres://nobody@127.0.0.1:1/none").err().unwrap();
+    let err = PgStore::open("postgres://nobody@127.0.0.1:1/none")
+        .err()
+        .unwrap();
     let msg = err.to_string();
     assert!(
         msg.contains("cannot connect to PostgreSQL at postgres://nobody@127.0.0.1:1/none"),

@@ -93,7 +93,8 @@ impl Service<http::Request<Body>> for Failover {
                     .is_some_and(|v| v.as_bytes() == b"standby"),
             };
             if move_on && n > 1 {
-                let _ = current.compare_exchange(i, (i + 1) % n, Ordering::SeqCst, Ordering::SeqCst);
+                let _ =
+                    current.compare_exchange(i, (i + 1) % n, Ordering::SeqCst, Ordering::SeqCst);
             }
             result
         })

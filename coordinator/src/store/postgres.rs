@@ -441,7 +441,10 @@ async fn load_all(client: &tokio_postgres::Transaction<'_>) -> Result<Snapshot, 
         snap.jobs.insert(job.id, job);
     }
     let rows = client
-        .query("SELECT body::text FROM tessera_tasks ORDER BY job, idx", &[])
+        .query(
+            "SELECT body::text FROM tessera_tasks ORDER BY job, idx",
+            &[],
+        )
         .await
         .map_err(q("cannot read tasks"))?;
     for r in rows {
@@ -491,10 +494,7 @@ async fn load_all(client: &tokio_postgres::Transaction<'_>) -> Result<Snapshot, 
         snap.archived.insert(a.summary.job.id, a);
     }
     let next: Option<i64> = client
-        .query_opt(
-            "SELECT value FROM tessera_meta WHERE key = 'next_job'",
-            &[],
-        )
+        .query_opt("SELECT value FROM tessera_meta WHERE key = 'next_job'", &[])
         .await
         .map_err(q("cannot read the next job id"))?
         .map(|r| r.get(0));

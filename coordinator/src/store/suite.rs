@@ -34,9 +34,18 @@ pub const CASES: &[(&str, Case)] = &[
     ("orphan_tasks_are_dropped", orphan_tasks_are_dropped),
     ("grants_are_a_set", grants_are_a_set),
     ("users_come_and_go", users_come_and_go),
-    ("archive_keeps_summary_and_outputs", archive_keeps_summary_and_outputs),
-    ("delete_forgets_and_spends_the_id", delete_forgets_and_spends_the_id),
-    ("stitched_frames_attach_sorted", stitched_frames_attach_sorted),
+    (
+        "archive_keeps_summary_and_outputs",
+        archive_keeps_summary_and_outputs,
+    ),
+    (
+        "delete_forgets_and_spends_the_id",
+        delete_forgets_and_spends_the_id,
+    ),
+    (
+        "stitched_frames_attach_sorted",
+        stitched_frames_attach_sorted,
+    ),
     ("purge_frees_tasks_and_frames", purge_frees_tasks_and_frames),
 ];
 
@@ -275,7 +284,10 @@ fn archive_keeps_summary_and_outputs(o: &mut dyn Opener, case: &str) {
         write(
             &*s,
             case,
-            &[Record::Job(&j), Record::Task(&Task::new(JobId(3), 0, vec![1]))],
+            &[
+                Record::Job(&j),
+                Record::Task(&Task::new(JobId(3), 0, vec![1])),
+            ],
         );
         write(&*s, case, &[Record::Archive(&archived(3))]);
     }
@@ -317,7 +329,11 @@ fn delete_forgets_and_spends_the_id(o: &mut dyn Opener, case: &str) {
         let s = open(o, case, true);
         write(&*s, case, &[Record::Job(&job(5)), Record::Job(&job(2))]);
         write(&*s, case, &[Record::Archive(&archived(9))]);
-        write(&*s, case, &[Record::Delete(JobId(5)), Record::Delete(JobId(9))]);
+        write(
+            &*s,
+            case,
+            &[Record::Delete(JobId(5)), Record::Delete(JobId(9))],
+        );
         // A lower id deleted later never lowers the next id.
         write(&*s, case, &[Record::Delete(JobId(2))]);
     }
@@ -383,6 +399,9 @@ fn purge_frees_tasks_and_frames(o: &mut dyn Opener, case: &str) {
     write(&*s, case, &[Record::Job(&j)]);
     let snap = s.load().unwrap_or_else(|e| panic!("{case}: {e}"));
     assert!(!snap.tasks.contains_key(&JobId(6)), "{case}: tasks purged");
-    assert!(snap.jobs[&JobId(6)].stitched.is_empty(), "{case}: frames purged");
+    assert!(
+        snap.jobs[&JobId(6)].stitched.is_empty(),
+        "{case}: frames purged"
+    );
     assert_eq!(snap.tasks[&JobId(7)].len(), 1, "{case}: other jobs kept");
 }

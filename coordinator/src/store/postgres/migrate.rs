@@ -12,11 +12,8 @@ use crate::error::Error;
 use super::pg_error;
 
 /// Every migration this version knows: (version, name, SQL), in order.
-const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "initial",
-    include_str!("../migrations/001_initial.sql"),
-)];
+const MIGRATIONS: &[(i32, &str, &str)] =
+    &[(1, "initial", include_str!("../migrations/001_initial.sql"))];
 
 /// The advisory lock key that serialises migrations ("tessmigr").
 const LOCK: i64 = 0x7465_7373_6d69_6772;
@@ -56,7 +53,10 @@ pub async fn apply(client: &mut deadpool_postgres::Object) -> Result<(), Error> 
         .await
         .map_err(e("cannot lock the migrations"))?;
     let done: Vec<i32> = tx
-        .query("SELECT version FROM tessera_migrations ORDER BY version", &[])
+        .query(
+            "SELECT version FROM tessera_migrations ORDER BY version",
+            &[],
+        )
         .await
         .map_err(e("cannot read the migrations table"))?
         .iter()
@@ -83,7 +83,5 @@ pub async fn apply(client: &mut deadpool_postgres::Object) -> Result<(), Error> 
         .map_err(e("cannot record a migration"))?;
         tracing::info!(version, name, "schema migration applied");
     }
-    tx.commit()
-        .await
-        .map_err(e("cannot commit the migrations"))
+    tx.commit().await.map_err(e("cannot commit the migrations"))
 }
