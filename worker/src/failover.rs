@@ -105,6 +105,19 @@ impl Service<http::Request<Body>> for Failover {
 /// URLs, each DNS name with several addresses of one family expanded to one
 /// URL per address (with the name kept for TLS). Returns (URL, name for TLS).
 pub fn addresses(spec: &str) -> Result<Vec<(String, Option<String>)>, Error> {
+    addresses_with(spec, |host, port| {
+        (host, port)
+            .to_socket_addrs()
+            .map(|a| a.collect())
+            .unwrap_or_default()
+    })
+}
+
+/// [`addresses`] with the name resolution given.
+fn addresses_with(
+    spec: &str,
+    resolve: impl Fn(&str, u16) -> Vec<SocketAddr>,
+) -> Result<Vec<(String, Option<String>)>, Error> {
     let mut out = Vec::new();
     for url in spec.split(',').map(str::trim).filter(|u| !u.is_empty()) {
         let uri: http::Uri = url.parse().map_err(|_| Error::Address(url.to_string()))?;
@@ -117,10 +130,7 @@ pub fn addresses(spec: &str) -> Result<Vec<(String, Option<String>)>, Error> {
             out.push((url.to_string(), None));
             continue;
         }
-        let resolved: Vec<SocketAddr> = (host, port)
-            .to_socket_addrs()
-            .map(|a| a.collect())
-            .unwrap_or_default();
+        let resolved = resolve(host, port);
         let v4: Vec<&SocketAddr> = resolved.iter().filter(|a| a.is_ipv4()).collect();
         let v6: Vec<&SocketAddr> = resolved.iter().filter(|a| a.is_ipv6()).collect();
         // `localhost` is 127.0.0.1 and ::1, one server: only several
@@ -182,5 +192,36 @@ mod tests {
         // localhost: one server on two families, kept as one name.
         assert_eq!(addresses("http://localhost:7878").unwrap().len(), 1);
         assert!(addresses(" , ").is_err());
+    }
+
+    #[test]
+    fn a_name_with_several_addresses_is_several_coordinators() {
+        let resolve = |host: &str, port: u16| -> Vec<SocketAddr> {
+            match host {
+                "farm.example" => vec![
+                    SocketAddr::from(([10, 0, 0, 1], port)),
+                    SocketAddr::from(([10, 0, 0, 2], port)),
+                    SocketAddr::from(([0, 0, 0, 0, 0, 0, 0, 1], port)),
+                ],
+                _ => vec![SocketAddr::from(([10, 0, 0, 9], port))],
+            }
+        };
+        let a = addresses_with("https://farm.example:7878", resolve).unwrap();
+        assert_eq!(
+            a,
+            vec![
+                (
+                    "https://10.0.0.1:7878".to_string(),
+                    Some("farm.example".to_string())
+                ),
+                (
+                    "https://10.0.0.2:7878".to_string(),
+                    Some("farm.example".to_string())
+                ),
+            ]
+        );
+        // One address: the name stays as given.
+        let one = addresses_with("http://coord-a.example:7878", resolve).unwrap();
+        assert_eq!(one, vec![("http://coord-a.example:7878".to_string(), None)]);
     }
 }
