@@ -94,7 +94,14 @@ impl PgStore {
     /// Connects to `url` and applies the schema migrations this version
     /// knows that the database lacks.
     pub fn open(url: &str) -> Result<Self, Error> {
-        let config = parse_url(url)?;
+        let mut config = parse_url(url)?;
+        // Durable before acknowledged, whatever the server's default: set
+        // once per connection, at its start.
+        let options = match config.get_options() {
+            Some(o) => format!("{o} -c synchronous_commit=on"),
+            None => "-c synchronous_commit=on".to_string(),
+        };
+        config.options(&options);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("tessera-pg")
@@ -252,140 +259,153 @@ fn split<K: Clone, V: Clone>(m: &BTreeMap<K, Option<V>>) -> (Vec<(K, V)>, Vec<K>
     (put, gone)
 }
 
+/// Runs `sql` (a prepared statement, cached per connection) unless `skip`.
+async fn exec(
+    tx: &deadpool_postgres::Transaction<'_>,
+    skip: bool,
+    what: &str,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<(), Error> {
+    if skip {
+        return Ok(());
+    }
+    let st = tx
+        .prepare_cached(sql)
+        .await
+        .map_err(|err| pg_error(&format!("cannot prepare to {what}"), err))?;
+    tx.execute(&st, params)
+        .await
+        .map_err(|err| pg_error(&format!("cannot {what}"), err))?;
+    Ok(())
+}
+
+/// Checks inside the batch's transaction that this coordinator is still the
+/// active one (the row lock makes a takeover wait for this batch).
+async fn check_epoch(tx: &deadpool_postgres::Transaction<'_>, epoch: i64) -> Result<(), Error> {
+    if epoch == UNFENCED {
+        return Ok(());
+    }
+    let st = tx
+        .prepare_cached("SELECT epoch, url FROM tessera_leader WHERE id = 1 FOR SHARE")
+        .await
+        .map_err(|err| pg_error("cannot prepare to read the leader row", err))?;
+    let row = tx
+        .query_one(&st, &[])
+        .await
+        .map_err(|err| pg_error("cannot read the leader row", err))?;
+    let now: i64 = row.get(0);
+    if now != epoch {
+        let url: String = row.get(1);
+        return Err(Error::Store(format!(
+            "this coordinator is no longer active (another one took over: epoch {now}, at {url}); nothing was written"
+        )));
+    }
+    Ok(())
+}
+
+const UPSERT_TASKS: &str = "INSERT INTO tessera_tasks (job, idx, body) \
+     SELECT j, i, b::jsonb FROM unnest($1::int8[], $2::int4[], $3::text[]) AS t(j, i, b) \
+     ON CONFLICT (job, idx) DO UPDATE SET body = excluded.body";
+const UPSERT_STITCHED: &str = "INSERT INTO tessera_stitched (job, frame, body) \
+     SELECT j, f, b::jsonb FROM unnest($1::int8[], $2::int4[], $3::text[]) AS t(j, f, b) \
+     ON CONFLICT (job, frame) DO UPDATE SET body = excluded.body";
+const UPSERT_WORKERS: &str = "INSERT INTO tessera_workers (id, body) \
+     SELECT k, b::jsonb FROM unnest($1::text[], $2::text[]) AS t(k, b) \
+     ON CONFLICT (id) DO UPDATE SET body = excluded.body";
+const UPSERT_USERS: &str = "INSERT INTO tessera_users (name, body) \
+     SELECT k, b::jsonb FROM unnest($1::text[], $2::text[]) AS t(k, b) \
+     ON CONFLICT (name) DO UPDATE SET body = excluded.body";
+const DELETE_USERS: &str = "DELETE FROM tessera_users WHERE name = ANY($1::text[])";
+const INSERT_GRANTS: &str = "INSERT INTO tessera_grants (user_name, digest) \
+     SELECT * FROM unnest($1::text[], $2::text[]) ON CONFLICT DO NOTHING";
+const UPSERT_ARCHIVE: &str = "INSERT INTO tessera_archive (id, body, outputs) \
+     SELECT k, b::jsonb, o::jsonb FROM unnest($1::int8[], $2::text[], $3::text[]) AS t(k, b, o) \
+     ON CONFLICT (id) DO UPDATE SET body = excluded.body, outputs = excluded.outputs";
+const DELETE_ARCHIVE: &str = "DELETE FROM tessera_archive WHERE id = ANY($1::int8[])";
+const RAISE_NEXT_JOB: &str = "INSERT INTO tessera_meta (key, value) VALUES ('next_job', $1) \
+     ON CONFLICT (key) DO UPDATE SET value = GREATEST(tessera_meta.value, excluded.value)";
+const UPSERT_JOBS: &str = "INSERT INTO tessera_jobs (id, body) \
+     SELECT k, b::jsonb FROM unnest($1::int8[], $2::text[]) AS t(k, b) \
+     ON CONFLICT (id) DO UPDATE SET body = excluded.body";
+const DELETE_JOBS: &str = "DELETE FROM tessera_jobs WHERE id = ANY($1::int8[])";
+
 /// Writes `rows` in one transaction, fenced by `epoch` unless [`UNFENCED`].
+///
+/// The statements are sent together (tokio-postgres pipelines queries that
+/// are awaited side by side) and run in order, so a batch costs three round
+/// trips: begin, the statements, commit. If the epoch check fails, the
+/// transaction is rolled back with whatever ran after it.
 async fn write_rows(
     client: &mut deadpool_postgres::Object,
     rows: Rows,
     epoch: i64,
 ) -> Result<(), Error> {
-    let e = |what: &'static str| move |err| pg_error(what, err);
     let tx = client
         .transaction()
         .await
-        .map_err(e("cannot begin a transaction"))?;
-    // Durable before acknowledged, whatever the server's default.
-    tx.batch_execute("SET LOCAL synchronous_commit = on")
-        .await
-        .map_err(e("cannot set synchronous commit"))?;
-    if epoch != UNFENCED {
-        let row = tx
-            .query_one(
-                "SELECT epoch, url FROM tessera_leader WHERE id = 1 FOR SHARE",
-                &[],
-            )
-            .await
-            .map_err(e("cannot read the leader row"))?;
-        let now: i64 = row.get(0);
-        if now != epoch {
-            let url: String = row.get(1);
-            return Err(Error::Store(format!(
-                "this coordinator is no longer active (another one took over: epoch {now}, at {url}); nothing was written"
-            )));
-        }
-    }
+        .map_err(|err| pg_error("cannot begin a transaction", err))?;
     let (jobs, gone_jobs) = split(&rows.jobs);
     let (archive, gone_archive) = split(&rows.archive);
     let (users, gone_users) = split(&rows.users);
-    if !rows.tasks.is_empty() {
-        let (j, i, b) = unzip3(rows.tasks.iter().map(|((j, i), b)| (*j, *i, b.clone())));
-        let st = tx
-            .prepare_cached(
-                "INSERT INTO tessera_tasks (job, idx, body) \
-                 SELECT j, i, b::jsonb FROM unnest($1::int8[], $2::int4[], $3::text[]) AS t(j, i, b) \
-                 ON CONFLICT (job, idx) DO UPDATE SET body = excluded.body",
-            )
-            .await
-            .map_err(e("cannot prepare the task upsert"))?;
-        tx.execute(&st, &[&j, &i, &b])
-            .await
-            .map_err(e("cannot write tasks"))?;
-    }
-    if !rows.stitched.is_empty() {
-        let (j, f, b) = unzip3(rows.stitched.iter().map(|((j, f), b)| (*j, *f, b.clone())));
-        let st = tx
-            .prepare_cached(
-                "INSERT INTO tessera_stitched (job, frame, body) \
-                 SELECT j, f, b::jsonb FROM unnest($1::int8[], $2::int4[], $3::text[]) AS t(j, f, b) \
-                 ON CONFLICT (job, frame) DO UPDATE SET body = excluded.body",
-            )
-            .await
-            .map_err(e("cannot prepare the stitched-frame upsert"))?;
-        tx.execute(&st, &[&j, &f, &b])
-            .await
-            .map_err(e("cannot write stitched frames"))?;
-    }
-    if !rows.workers.is_empty() {
-        let (k, b): (Vec<String>, Vec<String>) = rows.workers.into_iter().unzip();
-        upsert(&tx, "tessera_workers", "id", "text", &k, &b).await?;
-    }
-    if !users.is_empty() {
-        let (k, b): (Vec<String>, Vec<String>) = users.into_iter().unzip();
-        upsert(&tx, "tessera_users", "name", "text", &k, &b).await?;
-    }
-    if !gone_users.is_empty() {
-        tx.execute(
-            "DELETE FROM tessera_users WHERE name = ANY($1::text[])",
-            &[&gone_users],
-        )
+    let (tj, ti, tb) = unzip3(rows.tasks.iter().map(|((j, i), b)| (*j, *i, b.clone())));
+    let (sj, sf, sb) = unzip3(rows.stitched.iter().map(|((j, f), b)| (*j, *f, b.clone())));
+    let (wk, wb): (Vec<String>, Vec<String>) = rows.workers.into_iter().unzip();
+    let (uk, ub): (Vec<String>, Vec<String>) = users.into_iter().unzip();
+    let (gu, gd): (Vec<String>, Vec<String>) = rows.grants.into_iter().unzip();
+    let (ak, abo): (Vec<i64>, Vec<(String, String)>) = archive.into_iter().unzip();
+    let (ab, ao): (Vec<String>, Vec<String>) = abo.into_iter().unzip();
+    let (jk, jb): (Vec<i64>, Vec<String>) = jobs.into_iter().unzip();
+    let next = rows.next_job.unwrap_or(0);
+    let t = &tx;
+    use tokio_postgres::types::ToSql;
+    // Each statement's parameters, borrowed while the statements run.
+    let p0: [&(dyn ToSql + Sync); 3] = [&tj, &ti, &tb];
+    let p1: [&(dyn ToSql + Sync); 3] = [&sj, &sf, &sb];
+    let p2: [&(dyn ToSql + Sync); 2] = [&wk, &wb];
+    let p3: [&(dyn ToSql + Sync); 2] = [&uk, &ub];
+    let p4: [&(dyn ToSql + Sync); 1] = [&gone_users];
+    let p5: [&(dyn ToSql + Sync); 2] = [&gu, &gd];
+    let p6: [&(dyn ToSql + Sync); 3] = [&ak, &ab, &ao];
+    let p7: [&(dyn ToSql + Sync); 1] = [&gone_archive];
+    let p8: [&(dyn ToSql + Sync); 1] = [&next];
+    let p9: [&(dyn ToSql + Sync); 2] = [&jk, &jb];
+    let p10: [&(dyn ToSql + Sync); 1] = [&gone_jobs];
+    tokio::try_join!(
+        check_epoch(t, epoch),
+        exec(t, tj.is_empty(), "write tasks", UPSERT_TASKS, &p0),
+        exec(
+            t,
+            sj.is_empty(),
+            "write stitched frames",
+            UPSERT_STITCHED,
+            &p1
+        ),
+        exec(t, wk.is_empty(), "write workers", UPSERT_WORKERS, &p2),
+        exec(t, uk.is_empty(), "write users", UPSERT_USERS, &p3),
+        exec(t, gone_users.is_empty(), "remove users", DELETE_USERS, &p4),
+        exec(t, gu.is_empty(), "write grants", INSERT_GRANTS, &p5),
+        exec(t, ak.is_empty(), "archive jobs", UPSERT_ARCHIVE, &p6),
+        exec(
+            t,
+            gone_archive.is_empty(),
+            "delete archived jobs",
+            DELETE_ARCHIVE,
+            &p7
+        ),
+        exec(
+            t,
+            rows.next_job.is_none(),
+            "write the next job id",
+            RAISE_NEXT_JOB,
+            &p8
+        ),
+        exec(t, jk.is_empty(), "write jobs", UPSERT_JOBS, &p9),
+        exec(t, gone_jobs.is_empty(), "delete jobs", DELETE_JOBS, &p10),
+    )?;
+    tx.commit()
         .await
-        .map_err(e("cannot remove users"))?;
-    }
-    if !rows.grants.is_empty() {
-        let (u, d): (Vec<String>, Vec<String>) = rows.grants.into_iter().unzip();
-        let st = tx
-            .prepare_cached(
-                "INSERT INTO tessera_grants (user_name, digest) \
-                 SELECT * FROM unnest($1::text[], $2::text[]) ON CONFLICT DO NOTHING",
-            )
-            .await
-            .map_err(e("cannot prepare the grant insert"))?;
-        tx.execute(&st, &[&u, &d])
-            .await
-            .map_err(e("cannot write grants"))?;
-    }
-    if !archive.is_empty() {
-        let (k, bo): (Vec<i64>, Vec<(String, String)>) = archive.into_iter().unzip();
-        let (b, o): (Vec<String>, Vec<String>) = bo.into_iter().unzip();
-        tx.execute(
-            "INSERT INTO tessera_archive (id, body, outputs) \
-             SELECT k, b::jsonb, o::jsonb FROM unnest($1::int8[], $2::text[], $3::text[]) AS t(k, b, o) \
-             ON CONFLICT (id) DO UPDATE SET body = excluded.body, outputs = excluded.outputs",
-            &[&k, &b, &o],
-        )
-        .await
-        .map_err(e("cannot write archived jobs"))?;
-    }
-    if !gone_archive.is_empty() {
-        tx.execute(
-            "DELETE FROM tessera_archive WHERE id = ANY($1::int8[])",
-            &[&gone_archive],
-        )
-        .await
-        .map_err(e("cannot delete archived jobs"))?;
-    }
-    if let Some(next) = rows.next_job {
-        tx.execute(
-            "INSERT INTO tessera_meta (key, value) VALUES ('next_job', $1) \
-             ON CONFLICT (key) DO UPDATE SET value = GREATEST(tessera_meta.value, excluded.value)",
-            &[&next],
-        )
-        .await
-        .map_err(e("cannot write the next job id"))?;
-    }
-    if !jobs.is_empty() {
-        let (k, b): (Vec<i64>, Vec<String>) = jobs.into_iter().unzip();
-        upsert(&tx, "tessera_jobs", "id", "int8", &k, &b).await?;
-    }
-    if !gone_jobs.is_empty() {
-        let st = tx
-            .prepare_cached("DELETE FROM tessera_jobs WHERE id = ANY($1::int8[])")
-            .await
-            .map_err(e("cannot prepare the job delete"))?;
-        tx.execute(&st, &[&gone_jobs])
-            .await
-            .map_err(e("cannot delete jobs"))?;
-    }
-    tx.commit().await.map_err(e("cannot commit"))
+        .map_err(|err| pg_error("cannot commit", err))
 }
 
 fn unzip3(it: impl Iterator<Item = (i64, i32, String)>) -> (Vec<i64>, Vec<i32>, Vec<String>) {
@@ -398,30 +418,6 @@ fn unzip3(it: impl Iterator<Item = (i64, i32, String)>) -> (Vec<i64>, Vec<i32>, 
         c.push(z);
     }
     (a, b, c)
-}
-
-/// `INSERT ... ON CONFLICT DO UPDATE` of (key, body) rows into `table`.
-async fn upsert<K: tokio_postgres::types::ToSql + Sync>(
-    tx: &deadpool_postgres::Transaction<'_>,
-    table: &str,
-    key: &str,
-    key_type: &str,
-    keys: &Vec<K>,
-    bodies: &Vec<String>,
-) -> Result<(), Error> {
-    let sql = format!(
-        "INSERT INTO {table} ({key}, body) \
-         SELECT k, b::jsonb FROM unnest($1::{key_type}[], $2::text[]) AS t(k, b) \
-         ON CONFLICT ({key}) DO UPDATE SET body = excluded.body"
-    );
-    let st = tx
-        .prepare_cached(&sql)
-        .await
-        .map_err(|err| pg_error("cannot prepare an upsert", err))?;
-    tx.execute(&st, &[keys, bodies])
-        .await
-        .map_err(|err| pg_error(&format!("cannot write {table}"), err))?;
-    Ok(())
 }
 
 fn parse<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, Error> {
