@@ -117,3 +117,64 @@ fn a_bad_url_or_an_absent_server_is_a_clear_error() {
     assert!(msg.contains("not a PostgreSQL URL"), "{msg}");
     assert!(!msg.contains("secret"), "the password stays out: {msg}");
 }
+
+#[test]
+fn the_coordinator_explains_a_bad_store_and_status_finds_no_one() {
+    let dir = tessera_tests::scratch();
+    let data = dir.path().join("data");
+    let run = |args: &[&str]| {
+        std::process::Command::new(tessera_tests::tessera())
+            .args(args)
+            .env_remove("TESSERA_STORE")
+            .env_remove("TESSERA_COORDINATOR")
+            .output()
+            .unwrap()
+    };
+    let data = data.to_str().unwrap();
+    let out = run(&[
+        "coordinator",
+        "--listen",
+        "127.0.0.1:0",
+        "--data",
+        data,
+        "--store",
+        "mysql://x/y",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--store mysql://x/y: not a store; use sled"),
+        "{err}"
+    );
+    let out = run(&[
+        "coordinator",
+        "--listen",
+        "127.0.0.1:0",
+        "--data",
+        data,
+        "--store",
+        "postgres://nobody:hunter2@127.0.0.1:1/none",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("cannot connect to PostgreSQL at postgres://nobody:***@127.0.0.1:1/none"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "the password stays out: {err}");
+    // Nobody listens at either address: --status says so and fails.
+    let out = run(&[
+        "--coordinator",
+        "http://127.0.0.1:1,http://127.0.0.1:2",
+        "coordinator",
+        "--status",
+    ]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("http://127.0.0.1:1  unreachable"), "{text}");
+    assert!(text.contains("no coordinator at"), "{text}");
+}
