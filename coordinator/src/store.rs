@@ -3,7 +3,10 @@
 //!
 //! [`SledStore`] writes each batch in one sled transaction across its trees and
 //! flushes it to disk before returning, so anything acknowledged to a client or
-//! worker survives a crash. [`MemoryStore`] is the twin for unit tests.
+//! worker survives a crash. [`PgStore`] (in [`postgres`]) writes each batch in
+//! one PostgreSQL transaction with synchronous commit, fenced for an active
+//! and standby coordinators. [`MemoryStore`] is the twin for unit tests;
+//! [`suite`] holds the cases every store passes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
