@@ -791,43 +791,4 @@ mod tests {
         );
         assert!(store.tasks.is_empty(), "no task of job 2 is left behind");
     }
-
-    /// Memory stores by case; reopening returns the same one.
-    #[derive(Default)]
-    struct MemoryOpener(BTreeMap<String, std::sync::Arc<MemoryStore>>);
-
-    impl suite::Opener for MemoryOpener {
-        fn fresh(&mut self, case: &str) -> Result<std::sync::Arc<dyn MetaStore>, Error> {
-            let s = std::sync::Arc::new(MemoryStore::default());
-            self.0.insert(case.into(), s.clone());
-            Ok(s)
-        }
-        fn reopen(&mut self, case: &str) -> Result<std::sync::Arc<dyn MetaStore>, Error> {
-            Ok(self.0[case].clone())
-        }
-    }
-
-    /// Sled stores under one directory, a database per case.
-    struct SledOpener(tempfile::TempDir);
-
-    impl suite::Opener for SledOpener {
-        fn fresh(&mut self, case: &str) -> Result<std::sync::Arc<dyn MetaStore>, Error> {
-            Ok(std::sync::Arc::new(SledStore::open(
-                &self.0.path().join(case),
-            )?))
-        }
-        fn reopen(&mut self, case: &str) -> Result<std::sync::Arc<dyn MetaStore>, Error> {
-            self.fresh(case)
-        }
-    }
-
-    #[test]
-    fn the_store_suite_passes_on_memory() {
-        suite::run_all(&mut MemoryOpener::default());
-    }
-
-    #[test]
-    fn the_store_suite_passes_on_sled() {
-        suite::run_all(&mut SledOpener(tempfile::tempdir().unwrap()));
-    }
 }

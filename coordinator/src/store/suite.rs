@@ -405,3 +405,48 @@ fn purge_frees_tasks_and_frames(o: &mut dyn Opener, case: &str) {
     );
     assert_eq!(snap.tasks[&JobId(7)].len(), 1, "{case}: other jobs kept");
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::store::{MemoryStore, SledStore};
+
+    /// Memory stores by case; reopening returns the same one.
+    #[derive(Default)]
+    struct MemoryOpener(BTreeMap<String, Arc<MemoryStore>>);
+
+    impl Opener for MemoryOpener {
+        fn fresh(&mut self, case: &str) -> Result<Arc<dyn MetaStore>, Error> {
+            let s = Arc::new(MemoryStore::default());
+            self.0.insert(case.into(), s.clone());
+            Ok(s)
+        }
+        fn reopen(&mut self, case: &str) -> Result<Arc<dyn MetaStore>, Error> {
+            Ok(self.0[case].clone())
+        }
+    }
+
+    /// Sled stores under one directory, a database per case.
+    struct SledOpener(tempfile::TempDir);
+
+    impl Opener for SledOpener {
+        fn fresh(&mut self, case: &str) -> Result<Arc<dyn MetaStore>, Error> {
+            Ok(Arc::new(SledStore::open(&self.0.path().join(case))?))
+        }
+        fn reopen(&mut self, case: &str) -> Result<Arc<dyn MetaStore>, Error> {
+            self.fresh(case)
+        }
+    }
+
+    #[test]
+    fn the_store_suite_passes_on_memory() {
+        run_all(&mut MemoryOpener::default());
+    }
+
+    #[test]
+    fn the_store_suite_passes_on_sled() {
+        run_all(&mut SledOpener(tempfile::tempdir().unwrap()));
+    }
+}
