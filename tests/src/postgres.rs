@@ -29,7 +29,14 @@ const USER: &str = "tessera";
 /// `/usr/lib/postgresql/*/bin`, else `$PATH`.
 fn bin_dir() -> Result<PathBuf, String> {
     if let Some(d) = std::env::var_os("TESSERA_PG_BIN") {
-        return Ok(PathBuf::from(d));
+        let d = PathBuf::from(d);
+        if !d.join("initdb").is_file() {
+            return Err(format!(
+                "TESSERA_PG_BIN={} holds no initdb; point it at PostgreSQL's bin directory",
+                d.display()
+            ));
+        }
+        return Ok(d);
     }
     let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
         .into_iter()
