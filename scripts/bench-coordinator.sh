@@ -12,7 +12,11 @@
 # of the tasks are done). Then `tessera-load recover` times a restart after
 # kill -9 with RECOVERY_TASKS tasks on disk, up to the first lease served.
 #
-# Usage: scripts/bench-coordinator.sh
+# Usage: scripts/bench-coordinator.sh [--store postgres]
+#   --store postgres: this tree on PostgreSQL ("new") beside this tree on sled
+#                     ("baseline"), on a PostgreSQL 15 server the script starts
+#                     (initdb in a temporary directory, fsync and synchronous
+#                     commit on, as an unprivileged user), a fresh database per run.
 # Environment (defaults in brackets):
 #   BASELINE=REV      the design to compare with [4f84794, before the scale work]
 #   QUICK=1           W in {10,100} x N in {10k}, recovery with 10k tasks
@@ -28,6 +32,19 @@ cd "$(dirname "$0")/.."
 source scripts/lib.sh
 ensure_rust
 ensure_blender
+
+STORE=sled
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --store) STORE="${2:-}"; shift 2 || { echo "error: --store needs a value: postgres" >&2; exit 1; } ;;
+    --store=*) STORE="${1#--store=}"; shift ;;
+    *) echo "error: unknown argument $1; usage: scripts/bench-coordinator.sh [--store postgres]" >&2; exit 1 ;;
+  esac
+done
+case "$STORE" in
+  sled|postgres) ;;
+  *) echo "error: --store $STORE; use postgres (or leave it out for this tree beside BASELINE)" >&2; exit 1 ;;
+esac
 
 BASELINE="${BASELINE:-4f84794}"
 PROFILE="${PROFILE:-release}"
@@ -47,6 +64,7 @@ esac
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 
+if [ "$STORE" = postgres ]; then BASELINE=HEAD; fi
 rev="$(git rev-parse --verify -q "$BASELINE^{commit}")" || {
   echo "error: BASELINE=$BASELINE is not a commit of this repository; give a commit, tag or branch" >&2
   exit 1
@@ -58,6 +76,10 @@ cargo build -q --profile "$PROFILE" -p tessera-cli --bin tessera -p tessera-test
 new_bin="$PWD/target/$dir/tessera"
 load="$PWD/target/$dir/tessera-load"
 
+if [ "$STORE" = postgres ]; then
+  # The baseline is this very tree on sled.
+  base_bin="$new_bin"
+else
 # The baseline: the revision's files (git archive, so no worktree is
 # registered) built into a target directory of its own, kept between runs.
 base_root="$PWD/target/bench-baseline/$short"
@@ -74,6 +96,28 @@ fi
 echo "== building the baseline $BASELINE ($short, $PROFILE)" >&2
 (cd "$base_root/src" && cargo build -q --profile "$PROFILE" -p tessera-cli --bin tessera --target-dir "$base_root/target")
 base_bin="$base_root/target/$dir/tessera"
+fi
+
+# --store postgres: one durable server for the whole sweep; each run of the
+# new design gets a fresh database (pg_db prints its URL).
+if [ "$STORE" = postgres ]; then
+  ensure_postgres || { echo "error: PostgreSQL is needed for --store postgres" >&2; exit 1; }
+  pg_bin="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)"
+  pg_dir="$(mktemp -d /tmp/tessera-bench-pg.XXXXXX)"
+  pg_port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+  pg_as=()
+  if [ "$(id -u)" -eq 0 ]; then chown postgres "$pg_dir"; pg_as=(runuser -u postgres --); fi
+  "${pg_as[@]}" "$pg_bin/initdb" -D "$pg_dir/data" -U tessera --auth=trust -E UTF8 >/dev/null
+  "${pg_as[@]}" "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/server.log" -w \
+    -o "-p $pg_port -k $pg_dir -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_buffers=256MB" start >/dev/null
+  trap '"${pg_as[@]}" "$pg_bin/pg_ctl" -D "$pg_dir/data" -m fast -w stop >/dev/null 2>&1; rm -rf "$pg_dir"' EXIT
+  echo "== PostgreSQL $("$pg_bin/postgres" --version | awk '{print $3}') on 127.0.0.1:$pg_port (fsync on, synchronous_commit on)" >&2
+fi
+pg_db() {
+  local name="bench_$(date +%s%N)"
+  "$pg_bin/psql" -X -q -h 127.0.0.1 -p "$pg_port" -U tessera -d postgres -c "CREATE DATABASE $name" >/dev/null
+  echo "postgres://tessera@127.0.0.1:$pg_port/$name"
+}
 
 scene="$OUT/scene.blend"
 blender -b --factory-startup --python-exit-code 2 --python blender/make_scene.py -- \
@@ -88,8 +132,12 @@ measure() { # DESIGN CAP JSONL FALLBACK_FIELDS ARGS...
   local design="$1" cap="$2" jsonl="$3" fields="$4"; shift 4
   local tmp="$OUT/tmp" line rc=0
   mkdir -p "$tmp"
+  local store_args=()
+  if [ "$STORE" = postgres ] && [ "$design" = new ]; then
+    store_args=("--coordinator-arg=--store" "--coordinator-arg=$(pg_db)")
+  fi
   line="$(TMPDIR="$tmp" timeout -k 10 "$cap" "$load" "$@" --design "$design" --scene "$scene" \
-    "${coord_args[@]}" --json 2> >(tee -a "$OUT/$design.log" >&2))" || rc=$?
+    "${coord_args[@]}" "${store_args[@]}" --json 2> >(tee -a "$OUT/$design.log" >&2))" || rc=$?
   rm -rf "$tmp"
   if [ -z "$line" ]; then
     local why="error: tessera-load exited with $rc; see $OUT/$design.log"
@@ -126,7 +174,11 @@ if [ "$RECOVERY_TASKS" -gt 0 ]; then
 fi
 
 {
-  echo "coordinator load benchmark: new = this tree ($(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ", uncommitted changes")), baseline = $BASELINE ($short)"
+  if [ "$STORE" = postgres ]; then
+    echo "coordinator load benchmark: new = this tree on PostgreSQL, baseline = this tree on sled ($(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ", uncommitted changes"))"
+  else
+    echo "coordinator load benchmark: new = this tree ($(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ", uncommitted changes")), baseline = $BASELINE ($short)"
+  fi
   echo "$PROFILE build, $(nproc) cores, $SLOTS slots per worker, ${RENDER_MS} ms renders, window ${WINDOW} s after ${WARMUP} s warm-up; latencies in ms"
   echo "lease: Lease calls that returned a task (long-poll waits that ended empty are left out); status: GetJob with the first 1,000 tasks"
   echo

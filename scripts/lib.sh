@@ -89,3 +89,18 @@ ensure_s3_server() {
   "$dir/bin/weed" version >/dev/null 2>&1 || { echo "error: $dir/bin/weed does not run; remove $dir and try again, or set TESSERA_WEED" >&2; exit 1; }
   export TESSERA_WEED="$dir/bin/weed"
 }
+
+ensure_postgres() {
+  # Debian's PostgreSQL server binaries (initdb, pg_ctl) for the PostgreSQL
+  # store and high-availability tests; each test starts its own server in a
+  # temporary directory, as an unprivileged user. Returns non-zero (after
+  # saying why) when it cannot be installed, so the caller can skip them.
+  if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1; then return 0; fi
+  echo "installing Debian's postgresql for the PostgreSQL store tests..." >&2
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  $SUDO apt-get update -qq || true
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql >/dev/null || true
+  if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then return 0; fi
+  echo "warning: PostgreSQL could not be installed; the PostgreSQL store and failover tests will be skipped" >&2
+  return 1
+}

@@ -88,7 +88,16 @@ async fn users(url: &Access, cmd: UsersCommand) -> Result<()> {
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> Result<()> {
     let url = access(&cli.coordinator, cli.token.clone(), cli.ca.as_deref())?;
+    let one_shot = !matches!(
+        cli.command,
+        Command::Coordinator(_) | Command::Worker(_) | Command::Hash { .. } | Command::Render(_)
+    );
+    if one_shot {
+        // Several coordinator addresses: start with the active one.
+        crate::ha::find_active(&url).await;
+    }
     match cli.command {
+        Command::Coordinator(args) if args.status => crate::ha::status(&url).await,
         Command::Coordinator(args) => coordinator(args).await,
         Command::Worker(args) => worker(&url, args).await,
         Command::Submit(args) => submit(&url, args).await,

@@ -7,6 +7,7 @@ mod bundle;
 mod client;
 mod commands;
 mod fileset;
+mod ha;
 mod local;
 mod preview;
 mod serve;
@@ -216,7 +217,7 @@ struct CoordinatorArgs {
     #[arg(long, default_value = "tessera-data")]
     data: PathBuf,
     /// Where blobs (scenes, frames) are kept: a directory (default: DATA/blobs)
-    /// or s3://bucket/prefix, with the endpoint and credentials from the AWS
+    /// or s3://bucket/prefix (an active and a standby coordinator share one), with the endpoint and credentials from the AWS
     /// environment variables (AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID,
     /// AWS_SECRET_ACCESS_KEY, AWS_ALLOW_HTTP) or ~/.aws/config and credentials.
     #[arg(long, env = "TESSERA_BLOBS")]
@@ -294,6 +295,23 @@ struct CoordinatorArgs {
     /// rendered again on a different worker and compared (0..1).
     #[arg(long, default_value_t = tessera_coordinator::DEFAULT_VERIFY_UNTRUSTED, value_parser = fraction)]
     verify_untrusted: f64,
+    /// Where the metadata lives: `sled` (DATA/db, the default) or
+    /// `postgres://USER@HOST:PORT/DATABASE` (PostgreSQL 15+; several
+    /// coordinators on one database are one active and standbys).
+    #[arg(long, env = "TESSERA_STORE", hide_env_values = true)]
+    store: Option<String>,
+    /// With a PostgreSQL store: a standby takes over within this many
+    /// seconds of the active coordinator's death.
+    #[arg(long, default_value_t = 10.0)]
+    failover_seconds: f64,
+    /// With a PostgreSQL store: the URL clients reach this coordinator at,
+    /// which standbys name (default: http(s)://HOST:PORT of --listen).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// Ask the coordinators at --coordinator (a,b) whether each is active or
+    /// standby, print it, and exit.
+    #[arg(long)]
+    status: bool,
 }
 
 #[derive(Args, Debug)]

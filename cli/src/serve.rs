@@ -53,6 +53,7 @@ pub fn coordinator_config(a: &CoordinatorArgs) -> Result<tessera_coordinator::Co
 
 pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     let config = coordinator_config(&args)?;
+    let tls = tls_files(&args)?;
     if !(args.preview_timeout.is_finite() && args.preview_timeout > 0.0) {
         bail!(
             "--preview-timeout {} is not a number of seconds; use more than 0",
@@ -63,34 +64,75 @@ pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
         program: args.ffmpeg.clone(),
         timeout: std::time::Duration::from_secs_f64(args.preview_timeout.min(86_400.0)),
     };
-    let spec = args.blobs.as_deref().unwrap_or("");
-    let blobs = tessera_coordinator::blob_location::open(spec, &args.data, config.max_upload)
-        .with_context(|| {
-            format!(
-                "cannot open the blob store {}",
-                tessera_coordinator::blob_location::describe(spec, &args.data)
-            )
-        })?;
+    match args.store.as_deref().map(str::trim) {
+        Some(url) if crate::ha::is_postgres(url) => {
+            return crate::ha::coordinator(&args, config, tls, ffmpeg).await;
+        }
+        None | Some("") | Some("sled") => {}
+        Some(other) => bail!(
+            "--store {other}: not a store; use sled (the default, in --data) or postgres://USER@HOST:PORT/DATABASE"
+        ),
+    }
+    let blobs = open_blobs(&args, config.max_upload)?;
     let mut coord = tessera_coordinator::Coordinator::open_with_blobs(&args.data, config, blobs)
         .with_context(|| format!("cannot open the data directory {}", args.data.display()))?
         .with_ffmpeg(ffmpeg);
+    say_admin_token(&coord);
+    if let Some((cert, key)) = tls {
+        coord = coord.with_tls(cert, key);
+    }
+    let (listener, http) = bind(&args).await?;
+    announce(
+        &args,
+        listener.local_addr()?,
+        http.as_ref().map(|h| h.local_addr()).transpose()?,
+    );
+    coord.serve(listener, http, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// The blob store `--blobs` names (a directory, default DATA/blobs, or s3://).
+pub fn open_blobs(
+    args: &CoordinatorArgs,
+    max_upload: u64,
+) -> Result<std::sync::Arc<dyn tessera_coordinator::blob_store::BlobStore>> {
+    let spec = args.blobs.as_deref().unwrap_or("");
+    tessera_coordinator::blob_location::open(spec, &args.data, max_upload).with_context(|| {
+        format!(
+            "cannot open the blob store {}",
+            tessera_coordinator::blob_location::describe(spec, &args.data)
+        )
+    })
+}
+
+/// Says where this start wrote the admin token, if it made one.
+pub fn say_admin_token(coord: &tessera_coordinator::Coordinator) {
     if let Some(path) = coord.admin_token_path() {
         eprintln!(
             "created the admin token: {} (keep it secret; `tessera users add` makes more)",
             path.display()
         );
     }
+}
+
+/// The TLS certificate and key files, read.
+pub fn tls_files(args: &CoordinatorArgs) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
     match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {
             let cert =
                 std::fs::read(cert).with_context(|| format!("cannot read {}", cert.display()))?;
             let key =
                 std::fs::read(key).with_context(|| format!("cannot read {}", key.display()))?;
-            coord = coord.with_tls(cert, key);
+            Ok(Some((cert, key)))
         }
-        (None, None) => {}
+        (None, None) => Ok(None),
         _ => bail!("give both --tls-cert and --tls-key, or neither"),
     }
+}
+
+/// Binds the gRPC port and the HTTP port (when asked for), refusing plain
+/// text off loopback unless allowed.
+pub async fn bind(args: &CoordinatorArgs) -> Result<(TcpListener, Option<TcpListener>)> {
     let listener = TcpListener::bind(&args.listen).await.with_context(|| {
         format!(
             "cannot listen on {}; is another coordinator running there? pick another --listen",
@@ -121,20 +163,26 @@ pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
             );
         }
     }
-    // Scripts and tests read these lines to learn the ports when they end in :0.
+    Ok((listener, http))
+}
+
+/// Prints where the coordinator listens: scripts and tests read these lines
+/// to learn the ports when they end in :0.
+pub fn announce(
+    args: &CoordinatorArgs,
+    addr: std::net::SocketAddr,
+    http: Option<std::net::SocketAddr>,
+) {
     println!("tessera coordinator listening on {addr}");
-    if let Some(h) = &http {
+    if let Some(h) = http {
         let scheme = if args.tls_cert.is_some() {
             "https"
         } else {
             "http"
         };
-        let h = h.local_addr()?;
         println!("tessera coordinator metrics on {scheme}://{h}/metrics");
         eprintln!("dashboard: {scheme}://{h}/ (sign in with a token; JSON API under /api/v1/)");
     }
-    coord.serve(listener, http, shutdown_signal()).await?;
-    Ok(())
 }
 
 /// Reads a worker token from `path` (`-`: standard input).

@@ -12,7 +12,10 @@
 //!   submodules hold jobs, leases, the scheduler, stitching, users, workers and access. and
 //!   who may act for which worker and lease and use which blob.
 //! - [`fileset`]: job file sets (every file a scene needs) and their checks.
-//! - [`store`]: durable metadata (sled) and its in-memory twin.
+//! - [`store`]: durable metadata (sled, PostgreSQL) and its in-memory twin,
+//!   with one suite of cases every store passes.
+//! - [`ha`]: an active and standby coordinators on one PostgreSQL database.
+//! - [`blob_location`]: where blobs live, from `--blobs`.
 //! - [`blob_store`]: content-addressed blobs on disk and in memory.
 //! - [`s3_blobs`]: blobs in an S3-compatible bucket; [`aws_profile`]: its
 //!   settings from the AWS config files; [`blob_location`]: `--blobs` (a
@@ -51,6 +54,7 @@ pub mod fileset;
 pub mod frame_image;
 pub mod frames;
 pub mod grpc;
+pub mod ha;
 pub mod hardware;
 pub mod http;
 pub mod job;

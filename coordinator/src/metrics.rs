@@ -35,6 +35,28 @@ impl Out {
     }
 }
 
+/// `tessera_coordinator_role`: 1 for this coordinator's role (active or
+/// standby, see [`crate::ha`]), 0 for the other.
+pub fn role(active: bool) -> String {
+    let mut o = Out(String::new());
+    o.family(
+        "tessera_coordinator_role",
+        "gauge",
+        "This coordinator's role: 1 for active or standby (high availability on PostgreSQL).",
+    );
+    o.sample(
+        "tessera_coordinator_role",
+        &[("role", "active")],
+        f64::from(u8::from(active)),
+    );
+    o.sample(
+        "tessera_coordinator_role",
+        &[("role", "standby")],
+        f64::from(u8::from(!active)),
+    );
+    o.0
+}
+
 /// The farm's metrics in Prometheus text format (version 0.0.4).
 pub fn render(farm: &Farm) -> String {
     let jobs = farm.job_summaries();
@@ -281,7 +303,8 @@ pub fn render(farm: &Farm) -> String {
             }
         }
     }
-    o.0
+    // Only an active coordinator has a farm to render.
+    o.0 + &role(true)
 }
 
 /// Frame verification: results compared, and tasks whose results differed.

@@ -14,7 +14,7 @@ use crate::clock::SystemClock;
 use crate::error::Error;
 use crate::farm::{Config, Farm};
 use crate::grpc::{BlobsService, FarmService, WorkService};
-use crate::store::SledStore;
+use crate::store::{MetaStore, SledStore};
 use tonic::service::interceptor::InterceptedService;
 
 /// A coordinator over a data directory.
@@ -57,6 +57,19 @@ impl Coordinator {
         std::fs::create_dir_all(data)
             .map_err(|e| Error::io(format!("cannot create {}", data.display()), e))?;
         let store = Arc::new(SledStore::open(&data.join("db"))?);
+        Self::open_on(data, store, blobs, config)
+    }
+
+    /// Opens a coordinator on `store` and `blobs`, with its admin token
+    /// (when this start creates one) written to `data/admin.token`.
+    pub fn open_on(
+        data: &Path,
+        store: Arc<dyn MetaStore>,
+        blobs: Arc<dyn BlobStore>,
+        config: Config,
+    ) -> Result<Self, Error> {
+        std::fs::create_dir_all(data)
+            .map_err(|e| Error::io(format!("cannot create {}", data.display()), e))?;
         let farm = Farm::open(store, blobs, Arc::new(SystemClock), config)?;
         // Frames a preview left behind when the coordinator stopped mid-way.
         let _ = std::fs::remove_dir_all(data.join("tmp").join("previews"));

@@ -3,7 +3,10 @@
 //!
 //! [`SledStore`] writes each batch in one sled transaction across its trees and
 //! flushes it to disk before returning, so anything acknowledged to a client or
-//! worker survives a crash. [`MemoryStore`] is the twin for unit tests.
+//! worker survives a crash. [`PgStore`] (in [`postgres`]) writes each batch in
+//! one PostgreSQL transaction with synchronous commit, fenced for an active
+//! and standby coordinators. [`MemoryStore`] is the twin for unit tests;
+//! [`suite`] holds the cases every store passes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -18,6 +21,11 @@ use crate::error::Error;
 use crate::job::{Job, JobId};
 use crate::task::Task;
 use crate::worker::{WorkerId, WorkerRecord};
+
+pub mod postgres;
+pub mod suite;
+
+pub use postgres::PgStore;
 
 /// One record to write.
 #[derive(Debug, Clone, Copy)]

@@ -9,11 +9,13 @@
 //!   `scripts/bench-coordinator.sh`: fake workers and clients driving a
 //!   real coordinator over gRPC.
 //! * [`s3`]: a real S3 server (SeaweedFS) for the S3 blob store's tests.
+//! * [`postgres`]: a real PostgreSQL server in a temporary directory.
 
 pub mod browser;
 pub mod fake_coordinator;
 pub mod http;
 pub mod load;
+pub mod postgres;
 pub mod s3;
 
 use std::io::{BufRead, BufReader};
@@ -347,6 +349,15 @@ fn tokens() -> &'static Mutex<std::collections::HashMap<String, (String, String)
     static TOKENS: OnceLock<Mutex<std::collections::HashMap<String, (String, String)>>> =
         OnceLock::new();
     TOKENS.get_or_init(Default::default)
+}
+
+/// Makes `alias` (e.g. `http://a,http://b`, several coordinators of one
+/// farm) use these tokens: (admin, worker).
+pub fn set_tokens(alias: &str, admin: &str, worker: &str) {
+    tokens()
+        .lock()
+        .unwrap()
+        .insert(alias.to_string(), (admin.to_string(), worker.to_string()));
 }
 
 fn token_for(url: &str, worker: bool) -> Option<String> {

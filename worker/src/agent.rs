@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tessera_proto as pb;
 use tokio::sync::{watch, RwLock};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 use tonic::Code;
 
 use crate::blender::{
@@ -122,14 +122,34 @@ impl tonic::service::Interceptor for Bearer {
     }
 }
 
-/// A connection to a coordinator, with its token.
-pub type Conn = tonic::service::interceptor::InterceptedService<Channel, Bearer>;
+/// A connection to a coordinator (the active one of several addresses, see
+/// [`crate::failover`]), with its token.
+pub type Conn = tonic::service::interceptor::InterceptedService<crate::failover::Failover, Bearer>;
 
-/// Connects lazily: the channel reconnects by itself after the coordinator restarts.
+/// Connects lazily: the channel reconnects by itself after the coordinator
+/// restarts, and moves on to the next address when one is down or standby.
 pub fn channel(access: &Access) -> Result<Conn, Error> {
-    let url = &access.url;
-    let mut endpoint = Endpoint::from_shared(url.clone())
-        .map_err(|_| Error::Address(url.clone()))?
+    let mut channels = Vec::new();
+    for (url, tls_name) in crate::failover::addresses(&access.url)? {
+        channels.push(endpoint(&url, tls_name.as_deref(), access)?.connect_lazy());
+    }
+    let bearer = match &access.token {
+        Some(t) => Some(format!("Bearer {}", t.trim()).parse().map_err(|_| {
+            Error::Tls("the token has characters a header cannot carry; copy it again".into())
+        })?),
+        None => None,
+    };
+    Ok(tonic::service::interceptor::InterceptedService::new(
+        crate::failover::Failover::new(channels, &access.url),
+        Bearer(bearer),
+    ))
+}
+
+/// The endpoint of one coordinator address; `tls_name` is the host name its
+/// certificate carries when `url` names an address.
+fn endpoint(url: &str, tls_name: Option<&str>, access: &Access) -> Result<Endpoint, Error> {
+    let mut endpoint = Endpoint::from_shared(url.to_string())
+        .map_err(|_| Error::Address(url.to_string()))?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
         // HTTP/2's default 64 KiB windows cap blob transfers at a few
@@ -142,22 +162,16 @@ pub fn channel(access: &Access) -> Result<Conn, Error> {
                 "{url} uses TLS; pass --ca with the certificate that signed the coordinator's"
             ))
         })?;
-        let tls = tonic::transport::ClientTlsConfig::new()
+        let mut tls = tonic::transport::ClientTlsConfig::new()
             .ca_certificate(tonic::transport::Certificate::from_pem(ca));
+        if let Some(name) = tls_name {
+            tls = tls.domain_name(name);
+        }
         endpoint = endpoint
             .tls_config(tls)
             .map_err(|e| Error::Tls(e.to_string()))?;
     }
-    let bearer = match &access.token {
-        Some(t) => Some(format!("Bearer {}", t.trim()).parse().map_err(|_| {
-            Error::Tls("the token has characters a header cannot carry; copy it again".into())
-        })?),
-        None => None,
-    };
-    Ok(tonic::service::interceptor::InterceptedService::new(
-        endpoint.connect_lazy(),
-        Bearer(bearer),
-    ))
+    Ok(endpoint)
 }
 
 /// Whether an error may go away by itself (coordinator down or restarting).

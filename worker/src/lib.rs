@@ -3,6 +3,7 @@
 //!
 //! # Layout
 //! - [`agent`]: registration and the per-slot lease loop.
+//! - [`failover`]: several coordinator addresses, finding the active one.
 //! - [`blender`]: render requests and results, the `Renderer` trait, reading Blender's output.
 //! - [`slots`]: one slot per GPU, CPU slots, declared GPUs for tests.
 //! - [`session`]: Blender sessions, warm per job and slot (or one per task).
@@ -26,6 +27,7 @@ pub mod cache;
 pub mod capabilities;
 pub mod corrupt;
 pub mod error;
+pub mod failover;
 pub mod failure;
 pub mod fileset;
 pub mod gpu;

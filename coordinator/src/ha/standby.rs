@@ -1,0 +1,212 @@
+//! What a standby coordinator serves while it waits for the lock: every gRPC
+//! call is answered `Unavailable` with the words "this coordinator is
+//! standby; the active one is ..." and the metadata `tessera-role: standby`
+//! (clients read that field, never the words, to move on to the next
+//! address); the HTTP port serves `/metrics` with the role and answers
+//! anything else 503 with the same words.
+//!
+//! The standby serves on duplicates of the coordinator's listening sockets
+//! and stops when it takes over; the active server then accepts on the
+//! originals, so the ports never change and nothing in the backlog is lost.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::{Arc, RwLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tessera_proto as pb;
+use tokio::net::TcpListener;
+use tonic::body::Body;
+use tonic::codegen::http;
+
+use super::Election;
+use crate::error::Error;
+
+/// The response metadata that marks a standby's refusal.
+pub const ROLE_HEADER: &str = "tessera-role";
+
+/// What a standby tells callers now (refreshed from the leader row).
+type Message = Arc<RwLock<String>>;
+
+fn refusal(msg: &Message) -> http::Response<Body> {
+    let text = msg.read().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut status = tonic::Status::unavailable(text);
+    status.metadata_mut().insert(
+        ROLE_HEADER,
+        tonic::metadata::MetadataValue::from_static("standby"),
+    );
+    status.into_http()
+}
+
+macro_rules! refusing_service {
+    ($name:ident, $service:expr) => {
+        /// Refuses every call of one gRPC service while standby.
+        #[derive(Clone)]
+        struct $name(Message);
+
+        impl tonic::server::NamedService for $name {
+            const NAME: &'static str = $service;
+        }
+
+        impl tonic::codegen::Service<http::Request<Body>> for $name {
+            type Response = http::Response<Body>;
+            type Error = Infallible;
+            type Future = std::future::Ready<Result<Self::Response, Infallible>>;
+
+            fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+                Poll::Ready(Ok(()))
+            }
+
+            fn call(&mut self, _: http::Request<Body>) -> Self::Future {
+                std::future::ready(Ok(refusal(&self.0)))
+            }
+        }
+    };
+}
+
+refusing_service!(FarmRefusal, pb::farm_server::SERVICE_NAME);
+refusing_service!(WorkRefusal, pb::work_server::SERVICE_NAME);
+refusing_service!(BlobsRefusal, pb::blobs_server::SERVICE_NAME);
+
+/// A second handle on a listening socket (the same accept queue).
+fn duplicate(l: &std::net::TcpListener) -> Result<TcpListener, Error> {
+    l.try_clone()
+        .and_then(TcpListener::from_std)
+        .map_err(|e| Error::io("cannot share the listening socket".into(), e))
+}
+
+/// The standby's HTTP routes: the role at `/metrics`, 503 elsewhere.
+fn http_app(msg: Message) -> axum::Router {
+    use axum::http::{header, StatusCode};
+    use axum::response::IntoResponse;
+    axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(|| async {
+                (
+                    [(
+                        header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    crate::metrics::role(false),
+                )
+            }),
+        )
+        .fallback(move || {
+            let text = msg.read().unwrap_or_else(|e| e.into_inner()).clone();
+            async move {
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [
+                        (ROLE_HEADER, "standby"),
+                        (header::CONTENT_TYPE.as_str(), "application/json"),
+                    ],
+                    serde_json::json!({
+                        "error": text,
+                        "hint": "use the active coordinator",
+                    })
+                    .to_string(),
+                )
+                    .into_response()
+            }
+        })
+}
+
+/// Serves as a standby on duplicates of `grpc` and `http` until this
+/// coordinator takes the lock (true) or `shutdown` resolves (false).
+pub async fn serve_until_active(
+    election: &Election,
+    grpc: &std::net::TcpListener,
+    http: Option<&std::net::TcpListener>,
+    tls: Option<&(Vec<u8>, Vec<u8>)>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<bool, Error> {
+    let msg: Message = Arc::new(RwLock::new(election.leader().await?.standby_message()));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let wait_stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let mut builder = tonic::transport::Server::builder();
+    if let Some((cert, key)) = tls {
+        let identity = tonic::transport::Identity::from_pem(cert, key);
+        builder = builder
+            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .map_err(|e| {
+                Error::invalid(format!("bad TLS certificate or key: {e}; give PEM files"))
+            })?;
+    }
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(duplicate(grpc)?);
+    let server = builder
+        .add_service(FarmRefusal(msg.clone()))
+        .add_service(WorkRefusal(msg.clone()))
+        .add_service(BlobsRefusal(msg.clone()))
+        .serve_with_incoming_shutdown(incoming, wait_stop(stopped.clone()));
+    let grpc_task = tokio::spawn(async move {
+        if let Err(e) = server.await {
+            tracing::warn!("the standby's gRPC server stopped: {e}");
+        }
+    });
+    let http_task = match http {
+        Some(l) => {
+            let listener = duplicate(l)?;
+            let app = http_app(msg.clone());
+            let done = wait_stop(stopped.clone());
+            Some(match tls {
+                Some((cert, key)) => {
+                    let acceptor = crate::api::tls::acceptor(cert, key)?;
+                    let listener = crate::api::tls::TlsListener::new(listener, acceptor)
+                        .map_err(|e| Error::io("cannot serve HTTPS".into(), e))?;
+                    tokio::spawn(async move {
+                        let _ = axum::serve(listener, app)
+                            .with_graceful_shutdown(done)
+                            .await;
+                    })
+                }
+                None => tokio::spawn(async move {
+                    let _ = axum::serve(listener, app)
+                        .with_graceful_shutdown(done)
+                        .await;
+                }),
+            })
+        }
+        None => None,
+    };
+    tokio::pin!(shutdown);
+    let mut last = String::new();
+    let outcome = loop {
+        tokio::select! {
+            _ = &mut shutdown => break Ok(false),
+            _ = election.lost() => break Err(Error::Store(
+                "lost the connection to PostgreSQL while standby; check the server and restart this coordinator".into(),
+            )),
+            _ = tokio::time::sleep(election.poll) => {}
+        }
+        match election.try_acquire().await {
+            Ok(true) => break Ok(true),
+            Ok(false) => {}
+            Err(e) => break Err(e),
+        }
+        if let Ok(leader) = election.leader().await {
+            let text = leader.standby_message();
+            if text != last {
+                tracing::info!(active = %leader.url, holder = %leader.holder, epoch = leader.epoch, "standby");
+                last = text.clone();
+            }
+            *msg.write().unwrap_or_else(|e| e.into_inner()) = text;
+        }
+    };
+    let _ = stop.send(true);
+    // Connections to the standby are told to go away; clients reconnect
+    // to the same port, where the active server then accepts.
+    for task in std::iter::once(grpc_task).chain(http_task) {
+        let abort = task.abort_handle();
+        if tokio::time::timeout(Duration::from_secs(2), task)
+            .await
+            .is_err()
+        {
+            abort.abort();
+        }
+    }
+    outcome
+}

@@ -1,0 +1,606 @@
+//! Metadata in PostgreSQL 15+ (`tessera coordinator --store postgres://...`).
+//!
+//! Each record kind has a table (`tessera_jobs`, `tessera_tasks`, ...) whose
+//! rows hold the record's JSON, as the sled store keeps it. One
+//! group-committed batch ([`MetaStore::write`]) is one transaction with
+//! synchronous commit: within a batch the last record for a key wins, and
+//! each table gets one bulk statement (`unnest` of arrays), so a batch of
+//! thousands of changes costs a handful of round trips and one WAL flush.
+//!
+//! **Fencing.** With several coordinators on one database (active and
+//! standby, see [`crate::ha`]), the active one sets its leadership epoch
+//! ([`PgStore::fence`]); every batch first reads the leader row `FOR SHARE`
+//! and writes nothing unless the epoch is still its own. A standby taking
+//! over bumps the epoch with an `UPDATE` of that row, which waits for any
+//! batch in flight; so a deposed coordinator can never write again, and the
+//! new one reads every batch the old one committed.
+//!
+//! **Claiming tasks.** The issue sketches claiming tasks with `SELECT ... FOR
+//! UPDATE SKIP LOCKED`. That suits many schedulers sharing a table. Here one
+//! fenced active coordinator schedules in memory (priority, fair share,
+//! warm sessions, requirements: microseconds per decision, see
+//! `farm::scheduler`), and a lease is persisted as the task's row update in
+//! the next batch. No other writer exists to skip, so row locks would add a
+//! round trip per lease and no safety: the epoch check is the exclusion.
+//!
+//! The trait is synchronous (the farm's committer is a thread of its own);
+//! the store runs tokio-postgres on a small runtime of its own and waits for
+//! it over a channel, so it may be called from any thread, async ones too.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use deadpool_postgres::{Manager, Pool};
+
+use super::{ArchivedJob, MetaStore, Record, Snapshot};
+use crate::auth::UserRecord;
+use crate::digest::Digest;
+use crate::error::Error;
+use crate::job::{Job, JobId};
+use crate::task::{FrameOutput, Task};
+use crate::worker::WorkerRecord;
+
+mod migrate;
+
+/// No epoch set: this store does not fence its writes (one coordinator, or tests).
+const UNFENCED: i64 = -1;
+
+/// Metadata in a PostgreSQL database.
+pub struct PgStore {
+    pool: Pool,
+    /// The runtime tokio-postgres runs on (shut down in the background on drop).
+    runtime: Option<tokio::runtime::Runtime>,
+    /// The leadership epoch every batch must still hold, or [`UNFENCED`].
+    epoch: Arc<AtomicI64>,
+    /// Where the database is, for messages (no password).
+    target: String,
+}
+
+/// A PostgreSQL error in words: the server's message when it sent one.
+pub(crate) fn pg_error(what: &str, e: tokio_postgres::Error) -> Error {
+    match e.as_db_error() {
+        Some(db) => Error::Store(format!("{what}: {} ({})", db.message(), db.code().code())),
+        None => Error::Store(format!("{what}: {e}")),
+    }
+}
+
+/// Parses a `postgres://` URL, saying what is wrong with a bad one.
+pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, Error> {
+    url.parse::<tokio_postgres::Config>().map_err(|e| {
+        Error::invalid(format!(
+            "--store {}: not a PostgreSQL URL ({e}); use postgres://USER@HOST:PORT/DATABASE",
+            redact(url)
+        ))
+    })
+}
+
+/// The URL without its password, for messages and logs.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+impl PgStore {
+    /// Connects to `url` and applies the schema migrations this version
+    /// knows that the database lacks.
+    pub fn open(url: &str) -> Result<Self, Error> {
+        let mut config = parse_url(url)?;
+        // Durable before acknowledged, whatever the server's default: set
+        // once per connection, at its start.
+        let options = match config.get_options() {
+            Some(o) => format!("{o} -c synchronous_commit=on"),
+            None => "-c synchronous_commit=on".to_string(),
+        };
+        config.options(&options);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("tessera-pg")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io("cannot start the PostgreSQL client runtime".into(), e))?;
+        let pool = Pool::builder(Manager::new(config, tokio_postgres::NoTls))
+            .max_size(8)
+            .build()
+            .map_err(|e| Error::Store(format!("cannot make a connection pool: {e}")))?;
+        let store = Self {
+            pool,
+            runtime: Some(runtime),
+            epoch: Arc::new(AtomicI64::new(UNFENCED)),
+            target: redact(url),
+        };
+        let pool = store.pool.clone();
+        let target = store.target.clone();
+        store.run(async move {
+            let mut client = connect(&pool, &target).await?;
+            migrate::apply(&mut client).await
+        })?;
+        Ok(store)
+    }
+
+    /// From now on every batch must hold leadership `epoch` (see [`crate::ha`]).
+    pub fn fence(&self, epoch: i64) {
+        self.epoch.store(epoch, Ordering::SeqCst);
+    }
+
+    /// Runs `fut` on the store's runtime and waits for it from any thread.
+    fn run<T: Send + 'static>(
+        &self,
+        fut: impl Future<Output = Result<T, Error>> + Send + 'static,
+    ) -> Result<T, Error> {
+        let runtime = self
+            .runtime
+            .as_ref()
+            .ok_or_else(|| Error::Store("the PostgreSQL store is closed".into()))?;
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        runtime.spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        rx.recv()
+            .map_err(|_| Error::Store("the PostgreSQL client stopped".into()))?
+    }
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        // Dropping a runtime blocks, which an async caller may not do.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// A pooled connection, or an error that says where and what to check.
+async fn connect(pool: &Pool, target: &str) -> Result<deadpool_postgres::Object, Error> {
+    pool.get().await.map_err(|e| {
+        let detail = match &e {
+            deadpool_postgres::PoolError::Backend(b) => match b.as_db_error() {
+                Some(db) => db.message().to_string(),
+                None => format!("{b}"),
+            },
+            other => other.to_string(),
+        };
+        Error::Store(format!(
+            "cannot connect to PostgreSQL at {target}: {detail}; check that the server runs and that --store (or $TESSERA_STORE) names its host, port, user and database"
+        ))
+    })
+}
+
+/// A batch as rows: per table, the last value written for each key (None
+/// deletes).
+#[derive(Default)]
+struct Rows {
+    jobs: BTreeMap<i64, Option<String>>,
+    tasks: BTreeMap<(i64, i32), String>,
+    workers: BTreeMap<String, String>,
+    users: BTreeMap<String, Option<String>>,
+    grants: BTreeSet<(String, String)>,
+    archive: BTreeMap<i64, Option<(String, String)>>,
+    stitched: BTreeMap<(i64, i32), String>,
+    next_job: Option<i64>,
+}
+
+// Ids and indexes are stored bit for bit in Postgres's signed integers.
+fn id(j: JobId) -> i64 {
+    j.0 as i64
+}
+
+fn index(i: u32) -> i32 {
+    i as i32
+}
+
+fn json<T: serde::Serialize + ?Sized>(v: &T) -> Result<String, Error> {
+    Ok(serde_json::to_string(v)?)
+}
+
+impl Rows {
+    fn of(records: &[Record<'_>]) -> Result<Self, Error> {
+        let mut rows = Rows::default();
+        for r in records {
+            match r {
+                Record::Job(j) => {
+                    rows.jobs.insert(id(j.id), Some(json(j)?));
+                }
+                Record::Task(t) => {
+                    rows.tasks.insert((id(t.job), index(t.index)), json(t)?);
+                }
+                Record::Worker(w) => {
+                    rows.workers.insert(w.id.0.clone(), json(w)?);
+                }
+                Record::User(u) => {
+                    rows.users.insert(u.name.clone(), Some(json(u)?));
+                }
+                Record::RemoveUser(name) => {
+                    rows.users.insert(name.to_string(), None);
+                }
+                Record::Grant(user, d) => {
+                    rows.grants.insert((user.to_string(), d.to_string()));
+                }
+                Record::Archive(a) => {
+                    let job = id(a.summary.job.id);
+                    rows.jobs.insert(job, None);
+                    rows.archive
+                        .insert(job, Some((json(a)?, json(&a.outputs)?)));
+                }
+                Record::Delete(j) => {
+                    rows.jobs.insert(id(*j), None);
+                    rows.archive.insert(id(*j), None);
+                    let next = id(*j).saturating_add(1);
+                    rows.next_job = Some(rows.next_job.map_or(next, |n| n.max(next)));
+                }
+                Record::Stitched(j, o) => {
+                    rows.stitched.insert((id(*j), index(o.frame)), json(o)?);
+                }
+            }
+        }
+        Ok(rows)
+    }
+}
+
+/// Splits upserts from deletes.
+fn split<K: Clone, V: Clone>(m: &BTreeMap<K, Option<V>>) -> (Vec<(K, V)>, Vec<K>) {
+    let mut put = Vec::new();
+    let mut gone = Vec::new();
+    for (k, v) in m {
+        match v {
+            Some(v) => put.push((k.clone(), v.clone())),
+            None => gone.push(k.clone()),
+        }
+    }
+    (put, gone)
+}
+
+/// Runs `sql` (a prepared statement, cached per connection) unless `skip`.
+async fn exec(
+    tx: &deadpool_postgres::Transaction<'_>,
+    skip: bool,
+    what: &str,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<(), Error> {
+    if skip {
+        return Ok(());
+    }
+    let st = tx
+        .prepare_cached(sql)
+        .await
+        .map_err(|err| pg_error(&format!("cannot prepare to {what}"), err))?;
+    tx.execute(&st, params)
+        .await
+        .map_err(|err| pg_error(&format!("cannot {what}"), err))?;
+    Ok(())
+}
+
+/// Checks inside the batch's transaction that this coordinator is still the
+/// active one (the row lock makes a takeover wait for this batch).
+async fn check_epoch(tx: &deadpool_postgres::Transaction<'_>, epoch: i64) -> Result<(), Error> {
+    if epoch == UNFENCED {
+        return Ok(());
+    }
+    let st = tx
+        .prepare_cached("SELECT epoch, url FROM tessera_leader WHERE id = 1 FOR SHARE")
+        .await
+        .map_err(|err| pg_error("cannot prepare to read the leader row", err))?;
+    let row = tx
+        .query_one(&st, &[])
+        .await
+        .map_err(|err| pg_error("cannot read the leader row", err))?;
+    let now: i64 = row.get(0);
+    if now != epoch {
+        let url: String = row.get(1);
+        return Err(Error::Store(format!(
+            "this coordinator is no longer active (another one took over: epoch {now}, at {url}); nothing was written"
+        )));
+    }
+    Ok(())
+}
+
+const UPSERT_TASKS: &str = "INSERT INTO tessera_tasks (job, idx, body) \
+     SELECT j, i, b::jsonb FROM unnest($1::int8[], $2::int4[], $3::text[]) AS t(j, i, b) \
+     ON CONFLICT (job, idx) DO UPDATE SET body = excluded.body";
+const UPSERT_STITCHED: &str = "INSERT INTO tessera_stitched (job, frame, body) \
+     SELECT j, f, b::jsonb FROM unnest($1::int8[], $2::int4[], $3::text[]) AS t(j, f, b) \
+     ON CONFLICT (job, frame) DO UPDATE SET body = excluded.body";
+const UPSERT_WORKERS: &str = "INSERT INTO tessera_workers (id, body) \
+     SELECT k, b::jsonb FROM unnest($1::text[], $2::text[]) AS t(k, b) \
+     ON CONFLICT (id) DO UPDATE SET body = excluded.body";
+const UPSERT_USERS: &str = "INSERT INTO tessera_users (name, body) \
+     SELECT k, b::jsonb FROM unnest($1::text[], $2::text[]) AS t(k, b) \
+     ON CONFLICT (name) DO UPDATE SET body = excluded.body";
+const DELETE_USERS: &str = "DELETE FROM tessera_users WHERE name = ANY($1::text[])";
+const INSERT_GRANTS: &str = "INSERT INTO tessera_grants (user_name, digest) \
+     SELECT * FROM unnest($1::text[], $2::text[]) ON CONFLICT DO NOTHING";
+const UPSERT_ARCHIVE: &str = "INSERT INTO tessera_archive (id, body, outputs) \
+     SELECT k, b::jsonb, o::jsonb FROM unnest($1::int8[], $2::text[], $3::text[]) AS t(k, b, o) \
+     ON CONFLICT (id) DO UPDATE SET body = excluded.body, outputs = excluded.outputs";
+const DELETE_ARCHIVE: &str = "DELETE FROM tessera_archive WHERE id = ANY($1::int8[])";
+const RAISE_NEXT_JOB: &str = "INSERT INTO tessera_meta (key, value) VALUES ('next_job', $1) \
+     ON CONFLICT (key) DO UPDATE SET value = GREATEST(tessera_meta.value, excluded.value)";
+const UPSERT_JOBS: &str = "INSERT INTO tessera_jobs (id, body) \
+     SELECT k, b::jsonb FROM unnest($1::int8[], $2::text[]) AS t(k, b) \
+     ON CONFLICT (id) DO UPDATE SET body = excluded.body";
+const DELETE_JOBS: &str = "DELETE FROM tessera_jobs WHERE id = ANY($1::int8[])";
+
+/// Writes `rows` in one transaction, fenced by `epoch` unless [`UNFENCED`].
+///
+/// The statements are sent together (tokio-postgres pipelines queries that
+/// are awaited side by side) and run in order, so a batch costs three round
+/// trips: begin, the statements, commit. If the epoch check fails, the
+/// transaction is rolled back with whatever ran after it.
+async fn write_rows(
+    client: &mut deadpool_postgres::Object,
+    rows: Rows,
+    epoch: i64,
+) -> Result<(), Error> {
+    let tx = client
+        .transaction()
+        .await
+        .map_err(|err| pg_error("cannot begin a transaction", err))?;
+    let (jobs, gone_jobs) = split(&rows.jobs);
+    let (archive, gone_archive) = split(&rows.archive);
+    let (users, gone_users) = split(&rows.users);
+    let (tj, ti, tb) = unzip3(rows.tasks.iter().map(|((j, i), b)| (*j, *i, b.clone())));
+    let (sj, sf, sb) = unzip3(rows.stitched.iter().map(|((j, f), b)| (*j, *f, b.clone())));
+    let (wk, wb): (Vec<String>, Vec<String>) = rows.workers.into_iter().unzip();
+    let (uk, ub): (Vec<String>, Vec<String>) = users.into_iter().unzip();
+    let (gu, gd): (Vec<String>, Vec<String>) = rows.grants.into_iter().unzip();
+    let (ak, abo): (Vec<i64>, Vec<(String, String)>) = archive.into_iter().unzip();
+    let (ab, ao): (Vec<String>, Vec<String>) = abo.into_iter().unzip();
+    let (jk, jb): (Vec<i64>, Vec<String>) = jobs.into_iter().unzip();
+    let next = rows.next_job.unwrap_or(0);
+    let t = &tx;
+    use tokio_postgres::types::ToSql;
+    // Each statement's parameters, borrowed while the statements run.
+    let p0: [&(dyn ToSql + Sync); 3] = [&tj, &ti, &tb];
+    let p1: [&(dyn ToSql + Sync); 3] = [&sj, &sf, &sb];
+    let p2: [&(dyn ToSql + Sync); 2] = [&wk, &wb];
+    let p3: [&(dyn ToSql + Sync); 2] = [&uk, &ub];
+    let p4: [&(dyn ToSql + Sync); 1] = [&gone_users];
+    let p5: [&(dyn ToSql + Sync); 2] = [&gu, &gd];
+    let p6: [&(dyn ToSql + Sync); 3] = [&ak, &ab, &ao];
+    let p7: [&(dyn ToSql + Sync); 1] = [&gone_archive];
+    let p8: [&(dyn ToSql + Sync); 1] = [&next];
+    let p9: [&(dyn ToSql + Sync); 2] = [&jk, &jb];
+    let p10: [&(dyn ToSql + Sync); 1] = [&gone_jobs];
+    tokio::try_join!(
+        check_epoch(t, epoch),
+        exec(t, tj.is_empty(), "write tasks", UPSERT_TASKS, &p0),
+        exec(
+            t,
+            sj.is_empty(),
+            "write stitched frames",
+            UPSERT_STITCHED,
+            &p1
+        ),
+        exec(t, wk.is_empty(), "write workers", UPSERT_WORKERS, &p2),
+        exec(t, uk.is_empty(), "write users", UPSERT_USERS, &p3),
+        exec(t, gone_users.is_empty(), "remove users", DELETE_USERS, &p4),
+        exec(t, gu.is_empty(), "write grants", INSERT_GRANTS, &p5),
+        exec(t, ak.is_empty(), "archive jobs", UPSERT_ARCHIVE, &p6),
+        exec(
+            t,
+            gone_archive.is_empty(),
+            "delete archived jobs",
+            DELETE_ARCHIVE,
+            &p7
+        ),
+        exec(
+            t,
+            rows.next_job.is_none(),
+            "write the next job id",
+            RAISE_NEXT_JOB,
+            &p8
+        ),
+        exec(t, jk.is_empty(), "write jobs", UPSERT_JOBS, &p9),
+        exec(t, gone_jobs.is_empty(), "delete jobs", DELETE_JOBS, &p10),
+    )?;
+    tx.commit()
+        .await
+        .map_err(|err| pg_error("cannot commit", err))
+}
+
+fn unzip3(it: impl Iterator<Item = (i64, i32, String)>) -> (Vec<i64>, Vec<i32>, Vec<String>) {
+    let mut a = Vec::new();
+    let mut b = Vec::new();
+    let mut c = Vec::new();
+    for (x, y, z) in it {
+        a.push(x);
+        b.push(y);
+        c.push(z);
+    }
+    (a, b, c)
+}
+
+fn parse<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, Error> {
+    Ok(serde_json::from_str(text)?)
+}
+
+/// Reads everything (the body of [`MetaStore::load`]).
+async fn load_all(client: &tokio_postgres::Transaction<'_>) -> Result<Snapshot, Error> {
+    let q = |what: &'static str| move |err| pg_error(what, err);
+    let mut snap = Snapshot::default();
+    let rows = client
+        .query("SELECT body::text FROM tessera_jobs", &[])
+        .await
+        .map_err(q("cannot read jobs"))?;
+    for r in rows {
+        let job: Job = parse(r.get(0))?;
+        snap.jobs.insert(job.id, job);
+    }
+    let rows = client
+        .query(
+            "SELECT body::text FROM tessera_tasks ORDER BY job, idx",
+            &[],
+        )
+        .await
+        .map_err(q("cannot read tasks"))?;
+    for r in rows {
+        let task: Task = parse(r.get(0))?;
+        // Tasks of a job that is gone (archived, deleted) wait to be purged.
+        if snap.jobs.contains_key(&task.job) {
+            snap.tasks.entry(task.job).or_default().push(task);
+        }
+    }
+    for tasks in snap.tasks.values_mut() {
+        tasks.sort_by_key(|t| t.index);
+    }
+    for r in client
+        .query("SELECT body::text FROM tessera_workers", &[])
+        .await
+        .map_err(q("cannot read workers"))?
+    {
+        let w: WorkerRecord = parse(r.get(0))?;
+        snap.workers.insert(w.id.clone(), w);
+    }
+    for r in client
+        .query("SELECT body::text FROM tessera_users", &[])
+        .await
+        .map_err(q("cannot read users"))?
+    {
+        let u: UserRecord = parse(r.get(0))?;
+        snap.users.insert(u.name.clone(), u);
+    }
+    for r in client
+        .query("SELECT user_name, digest FROM tessera_grants", &[])
+        .await
+        .map_err(q("cannot read grants"))?
+    {
+        let user: String = r.get(0);
+        let digest: &str = r.get(1);
+        let d: Digest = digest
+            .parse()
+            .map_err(|_| Error::Store(format!("corrupt grant digest {digest:?}")))?;
+        snap.grants.insert((user, d));
+    }
+    for r in client
+        .query("SELECT body::text FROM tessera_archive", &[])
+        .await
+        .map_err(q("cannot read archived jobs"))?
+    {
+        let a: ArchivedJob = parse(r.get(0))?;
+        snap.archived.insert(a.summary.job.id, a);
+    }
+    let next: Option<i64> = client
+        .query_opt("SELECT value FROM tessera_meta WHERE key = 'next_job'", &[])
+        .await
+        .map_err(q("cannot read the next job id"))?
+        .map(|r| r.get(0));
+    snap.next_job = next.map_or(0, |n| n as u64);
+    let mut frames: BTreeMap<JobId, Vec<FrameOutput>> = BTreeMap::new();
+    for r in client
+        .query(
+            "SELECT job, body::text FROM tessera_stitched ORDER BY job, frame",
+            &[],
+        )
+        .await
+        .map_err(q("cannot read stitched frames"))?
+    {
+        let job = JobId(r.get::<_, i64>(0) as u64);
+        if snap.jobs.contains_key(&job) {
+            frames.entry(job).or_default().push(parse(r.get(1))?);
+        }
+    }
+    for (job, mut list) in frames {
+        list.sort_by_key(|o| o.frame);
+        if let Some(j) = snap.jobs.get_mut(&job) {
+            j.stitched = Arc::new(list);
+        }
+    }
+    Ok(snap)
+}
+
+impl MetaStore for PgStore {
+    fn load(&self) -> Result<Snapshot, Error> {
+        let pool = self.pool.clone();
+        let target = self.target.clone();
+        self.run(async move {
+            let mut client = connect(&pool, &target).await?;
+            // Every table read in one consistent snapshot.
+            let tx = client
+                .build_transaction()
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .read_only(true)
+                .start()
+                .await
+                .map_err(|e| pg_error("cannot begin a read", e))?;
+            let snap = load_all(&tx).await?;
+            tx.commit()
+                .await
+                .map_err(|e| pg_error("cannot end a read", e))?;
+            Ok(snap)
+        })
+    }
+
+    fn write(&self, records: &[Record<'_>]) -> Result<(), Error> {
+        let rows = Rows::of(records)?;
+        let pool = self.pool.clone();
+        let target = self.target.clone();
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        self.run(async move {
+            let mut client = connect(&pool, &target).await?;
+            write_rows(&mut client, rows, epoch).await
+        })
+    }
+
+    fn load_archived(&self, job: JobId) -> Result<Option<ArchivedJob>, Error> {
+        let pool = self.pool.clone();
+        let target = self.target.clone();
+        self.run(async move {
+            let client = connect(&pool, &target).await?;
+            let row = client
+                .query_opt(
+                    "SELECT body::text FROM tessera_archive WHERE id = $1",
+                    &[&id(job)],
+                )
+                .await
+                .map_err(|e| pg_error("cannot read an archived job", e))?;
+            row.map(|r| parse(r.get(0))).transpose()
+        })
+    }
+
+    fn archived_outputs(&self, job: JobId) -> Result<Vec<FrameOutput>, Error> {
+        let pool = self.pool.clone();
+        let target = self.target.clone();
+        self.run(async move {
+            let client = connect(&pool, &target).await?;
+            let row = client
+                .query_opt(
+                    "SELECT outputs::text FROM tessera_archive WHERE id = $1",
+                    &[&id(job)],
+                )
+                .await
+                .map_err(|e| pg_error("cannot read an archived job's outputs", e))?;
+            match row {
+                Some(r) => parse(r.get(0)),
+                None => Ok(Vec::new()),
+            }
+        })
+    }
+
+    fn purge_tasks(&self, job: JobId) -> Result<(), Error> {
+        let pool = self.pool.clone();
+        let target = self.target.clone();
+        self.run(async move {
+            let client = connect(&pool, &target).await?;
+            let n = client
+                .execute("DELETE FROM tessera_tasks WHERE job = $1", &[&id(job)])
+                .await
+                .map_err(|e| pg_error("cannot purge tasks", e))?;
+            client
+                .execute("DELETE FROM tessera_stitched WHERE job = $1", &[&id(job)])
+                .await
+                .map_err(|e| pg_error("cannot purge stitched frames", e))?;
+            tracing::debug!(job = %job, tasks = n, "task records purged");
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,227 @@
+//! Several coordinator addresses, one active coordinator among them.
+//!
+//! `--coordinator http://a:7878,http://b:7878` (or `$TESSERA_COORDINATOR`),
+//! or one DNS name with several addresses, gives a list. Calls go to the
+//! address that answered last; when a call fails to connect, or a standby
+//! refuses it (its answer carries `tessera-role: standby`), the next call
+//! goes to the next address. Callers already retry while the coordinator
+//! is unavailable, so they find the active one within a retry or two;
+//! [`find_active`] does that up front for one-shot commands.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tonic::body::Body;
+use tonic::codegen::http;
+use tonic::codegen::Service;
+use tonic::transport::Channel;
+
+use crate::error::Error;
+
+/// The response metadata a standby coordinator marks its refusals with.
+pub const ROLE_HEADER: &str = "tessera-role";
+
+/// A channel per coordinator address, and which one to use now.
+#[derive(Clone)]
+pub struct Failover {
+    channels: Arc<[Channel]>,
+    /// Shared by every channel made for the same address list, so a
+    /// command's later connections start where the probe found the active one.
+    current: Arc<AtomicUsize>,
+}
+
+impl Failover {
+    /// One channel per address, in order.
+    pub fn new(channels: Vec<Channel>, key: &str) -> Self {
+        static CURRENT: OnceLock<Mutex<HashMap<String, Arc<AtomicUsize>>>> = OnceLock::new();
+        let current = CURRENT
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key.to_string())
+            .or_default()
+            .clone();
+        Self {
+            channels: channels.into(),
+            current,
+        }
+    }
+
+    /// How many addresses there are.
+    pub fn len(&self) -> usize {
+        self.channels.len()
+    }
+
+    /// Whether there are none (never, for a channel made by `agent::channel`).
+    pub fn is_empty(&self) -> bool {
+        self.channels.is_empty()
+    }
+}
+
+impl Service<http::Request<Body>> for Failover {
+    type Response = http::Response<Body>;
+    type Error = tonic::transport::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Each call waits for its own channel's readiness.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let n = self.channels.len();
+        let i = self.current.load(Ordering::SeqCst) % n;
+        let mut channel = self.channels[i].clone();
+        let current = self.current.clone();
+        Box::pin(async move {
+            let result = async {
+                std::future::poll_fn(|cx| channel.poll_ready(cx)).await?;
+                channel.call(req).await
+            }
+            .await;
+            let move_on = match &result {
+                Err(_) => true,
+                Ok(r) => r
+                    .headers()
+                    .get(ROLE_HEADER)
+                    .is_some_and(|v| v.as_bytes() == b"standby"),
+            };
+            if move_on && n > 1 {
+                let _ =
+                    current.compare_exchange(i, (i + 1) % n, Ordering::SeqCst, Ordering::SeqCst);
+            }
+            result
+        })
+    }
+}
+
+/// The addresses a `--coordinator` value stands for: its comma-separated
+/// URLs, each DNS name with several addresses of one family expanded to one
+/// URL per address (with the name kept for TLS). Returns (URL, name for TLS).
+pub fn addresses(spec: &str) -> Result<Vec<(String, Option<String>)>, Error> {
+    addresses_with(spec, |host, port| {
+        (host, port)
+            .to_socket_addrs()
+            .map(|a| a.collect())
+            .unwrap_or_default()
+    })
+}
+
+/// [`addresses`] with the name resolution given.
+fn addresses_with(
+    spec: &str,
+    resolve: impl Fn(&str, u16) -> Vec<SocketAddr>,
+) -> Result<Vec<(String, Option<String>)>, Error> {
+    let mut out = Vec::new();
+    for url in spec.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+        let uri: http::Uri = url.parse().map_err(|_| Error::Address(url.to_string()))?;
+        let (Some(scheme), Some(host), Some(port)) = (uri.scheme_str(), uri.host(), uri.port_u16())
+        else {
+            out.push((url.to_string(), None));
+            continue;
+        };
+        if host.trim_matches(['[', ']']).parse::<IpAddr>().is_ok() {
+            out.push((url.to_string(), None));
+            continue;
+        }
+        let resolved = resolve(host, port);
+        let v4: Vec<&SocketAddr> = resolved.iter().filter(|a| a.is_ipv4()).collect();
+        let v6: Vec<&SocketAddr> = resolved.iter().filter(|a| a.is_ipv6()).collect();
+        // `localhost` is 127.0.0.1 and ::1, one server: only several
+        // addresses of one family are taken for several coordinators.
+        let many = if v4.len() > 1 {
+            v4
+        } else if v6.len() > 1 {
+            v6
+        } else {
+            Vec::new()
+        };
+        if many.is_empty() {
+            out.push((url.to_string(), None));
+        } else {
+            for a in many {
+                out.push((format!("{scheme}://{a}"), Some(host.to_string())));
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(Error::Address(spec.to_string()));
+    }
+    Ok(out)
+}
+
+/// Points `conn`'s address list at a coordinator that is not standby:
+/// asks each address in turn (a cheap call that any token may make) until
+/// one answers other than "standby" or "unreachable". Best effort: callers
+/// still report what the next real call says.
+pub async fn find_active(conn: crate::agent::Conn, addresses: usize) {
+    if addresses < 2 {
+        return;
+    }
+    let mut blobs = tessera_proto::blobs_client::BlobsClient::new(conn);
+    for _ in 0..addresses * 2 {
+        let probe = blobs.missing_blobs(tessera_proto::MissingBlobsRequest { digests: vec![] });
+        match tokio::time::timeout(Duration::from_secs(5), probe).await {
+            Ok(Ok(_)) => return,
+            Ok(Err(s)) if s.code() != tonic::Code::Unavailable => return,
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_list_is_split_and_addresses_stay_as_given() {
+        let a = addresses("http://127.0.0.1:1, http://127.0.0.2:2,").unwrap();
+        assert_eq!(
+            a,
+            vec![
+                ("http://127.0.0.1:1".to_string(), None),
+                ("http://127.0.0.2:2".to_string(), None)
+            ]
+        );
+        // localhost: one server on two families, kept as one name.
+        assert_eq!(addresses("http://localhost:7878").unwrap().len(), 1);
+        assert!(addresses(" , ").is_err());
+    }
+
+    #[test]
+    fn a_name_with_several_addresses_is_several_coordinators() {
+        let resolve = |host: &str, port: u16| -> Vec<SocketAddr> {
+            match host {
+                "farm.example" => vec![
+                    SocketAddr::from(([10, 0, 0, 1], port)),
+                    SocketAddr::from(([10, 0, 0, 2], port)),
+                    SocketAddr::from(([0, 0, 0, 0, 0, 0, 0, 1], port)),
+                ],
+                _ => vec![SocketAddr::from(([10, 0, 0, 9], port))],
+            }
+        };
+        let a = addresses_with("https://farm.example:7878", resolve).unwrap();
+        assert_eq!(
+            a,
+            vec![
+                (
+                    "https://10.0.0.1:7878".to_string(),
+                    Some("farm.example".to_string())
+                ),
+                (
+                    "https://10.0.0.2:7878".to_string(),
+                    Some("farm.example".to_string())
+                ),
+            ]
+        );
+        // One address: the name stays as given.
+        let one = addresses_with("http://coord-a.example:7878", resolve).unwrap();
+        assert_eq!(one, vec![("http://coord-a.example:7878".to_string(), None)]);
+    }
+}
