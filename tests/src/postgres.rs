@@ -281,8 +281,17 @@ pub struct PgCoordinator {
 
 impl PgCoordinator {
     /// Starts `tessera coordinator --store STORE --blobs BLOBS --http` on
-    /// `listen` over `data`, and waits until it listens (active or standby).
-    pub fn start(data: &Path, listen: &str, store: &str, blobs: &Path, extra: &[&str]) -> Self {
+    /// `listen` over `data` (`BLOBS`: a directory or `s3://bucket/prefix`,
+    /// with `env` saying how to reach the S3 server), and waits until it
+    /// listens (active or standby).
+    pub fn start(
+        data: &Path,
+        listen: &str,
+        store: &str,
+        blobs: &str,
+        extra: &[&str],
+        env: &[(&str, String)],
+    ) -> Self {
         use std::io::BufRead;
         std::fs::create_dir_all(data).unwrap();
         let log = data.join(format!(
@@ -300,6 +309,7 @@ impl PgCoordinator {
             .arg("--blobs")
             .arg(blobs)
             .args(extra)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdout(std::process::Stdio::piped())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tessera_tests::postgres::{PgCoordinator, PgServer};
+use tessera_tests::s3::s3_or_skip;
 use tessera_tests::*;
 
 const LONG: Duration = Duration::from_secs(240);
@@ -66,6 +67,10 @@ fn six_frames_on_two_workers_with_the_postgres_store_are_exact() {
     else {
         return;
     };
+    // Metadata in PostgreSQL, blobs in S3: nothing on the coordinator's disk.
+    let Some(s3) = s3_or_skip("six_frames_on_two_workers_with_the_postgres_store_are_exact") else {
+        return;
+    };
     let dir = scratch();
     let scene = scene(&["--kind", "anim", "--frames", "8"]);
     let data = dir.path().join("data");
@@ -73,8 +78,9 @@ fn six_frames_on_two_workers_with_the_postgres_store_are_exact() {
         &data,
         "127.0.0.1:0",
         &pg.url(),
-        &dir.path().join("blobs"),
+        &s3.url("one"),
         &[],
+        &s3.env(),
     );
     assert!(
         coord
@@ -136,16 +142,21 @@ fn the_standby_takes_over_when_the_active_is_killed_and_the_job_finishes_exactly
     let dir = scratch();
     // Enough samples that the job is still running when the first frames are done.
     let scene = scene(&["--kind", "anim", "--frames", "8", "--samples", "128"]);
-    let blobs = dir.path().join("blobs");
+    // Both coordinators share the PostgreSQL database and the S3 bucket.
+    let Some(s3) = s3_or_skip("the_standby_takes_over_when_the_active_is_killed") else {
+        return;
+    };
+    let blobs = s3.url("ha");
+    let s3_env = s3.env();
     let (data_a, data_b) = (dir.path().join("a"), dir.path().join("b"));
     let ha = ["--lease-ttl", "5", "--failover-seconds", "3"];
-    let mut a = PgCoordinator::start(&data_a, "127.0.0.1:0", &pg.url(), &blobs, &ha);
+    let mut a = PgCoordinator::start(&data_a, "127.0.0.1:0", &pg.url(), &blobs, &ha, &s3_env);
     assert!(
         a.wait_line("active", Duration::from_secs(30)).is_some(),
         "{}",
         a.proc.log()
     );
-    let b = PgCoordinator::start(&data_b, "127.0.0.1:0", &pg.url(), &blobs, &ha);
+    let b = PgCoordinator::start(&data_b, "127.0.0.1:0", &pg.url(), &blobs, &ha, &s3_env);
     let line = b
         .wait_line("standby", Duration::from_secs(30))
         .unwrap_or_else(|| panic!("{:?}\n{}", b.lines(), b.proc.log()));
@@ -255,7 +266,7 @@ fn the_standby_takes_over_when_the_active_is_killed_and_the_job_finishes_exactly
     );
 
     // The killed one comes back as standby, naming the new active one.
-    let a2 = PgCoordinator::start(&data_a, &a.addr, &pg.url(), &blobs, &ha);
+    let a2 = PgCoordinator::start(&data_a, &a.addr, &pg.url(), &blobs, &ha, &s3_env);
     let line = a2
         .wait_line("standby", Duration::from_secs(30))
         .unwrap_or_else(|| panic!("{:?}\n{}", a2.lines(), a2.proc.log()));
