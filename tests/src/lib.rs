@@ -690,3 +690,63 @@ pub fn asset_scene(dir: &Path, case: &str) -> PathBuf {
     assert!(scene.is_file(), "{}", scene.display());
     scene
 }
+
+/// The file names in `dir`, sorted.
+pub fn frames_of(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Asserts that `out/frame_NNNN.png` equals `refs/ref_NNNN.png` pixel for
+/// pixel for every frame in `frames`.
+pub fn assert_matches_reference(out: &Path, refs: &Path, frames: std::ops::RangeInclusive<u32>) {
+    for f in frames {
+        assert_same_pixels(
+            &out.join(format!("frame_{f:04}.png")),
+            &refs.join(format!("ref_{f:04}.png")),
+        );
+    }
+}
+
+/// Fetches job `job` into `dir/out-JOB`, renders `frames` of `scene` with
+/// plain Blender into `dir/refs-JOB`, and asserts they are the same pixels.
+pub fn fetch_exact(
+    url: &str,
+    job: u64,
+    scene: &Path,
+    frames: std::ops::RangeInclusive<u32>,
+    dir: &Path,
+) {
+    let out = dir.join(format!("out-{job}"));
+    cli_ok(
+        url,
+        &["fetch", &job.to_string(), "-o", out.to_str().unwrap()],
+    );
+    let refs = dir.join(format!("refs-{job}"));
+    reference(scene, *frames.start(), *frames.end(), &refs);
+    assert_matches_reference(&out, &refs, frames);
+}
+
+/// `tessera submit SCENE --frames FRAMES --wait -o OUT`: asserts that it
+/// succeeded and returns what it said on standard error.
+pub fn submit_wait(url: &str, scene: &Path, frames: &str, out: &Path) -> String {
+    let submitted = cli(
+        url,
+        &[
+            "submit",
+            scene.to_str().unwrap(),
+            "--frames",
+            frames,
+            "--wait",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&submitted.stderr).into_owned();
+    assert!(submitted.status.success(), "submit failed: {stderr}");
+    stderr
+}

@@ -1,29 +1,10 @@
 //! The farm end to end: a real coordinator, real workers, real Blender.
 
-use std::path::Path;
 use std::time::Duration;
 
 use tessera_tests::*;
 
 const LONG: Duration = Duration::from_secs(180);
-
-fn frames_of(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
-}
-
-fn assert_matches_reference(out: &Path, refs: &Path, frames: std::ops::RangeInclusive<u32>) {
-    for f in frames {
-        assert_same_pixels(
-            &out.join(format!("frame_{f:04}.png")),
-            &refs.join(format!("ref_{f:04}.png")),
-        );
-    }
-}
 
 #[test]
 fn two_workers_render_every_frame_exactly_and_scenes_upload_once() {
@@ -33,20 +14,7 @@ fn two_workers_render_every_frame_exactly_and_scenes_upload_once() {
     let a = worker(&coord.url, dir.path(), "a");
     let b = worker(&coord.url, dir.path(), "b");
     let out = dir.path().join("out");
-    let submitted = cli(
-        &coord.url,
-        &[
-            "submit",
-            scene.to_str().unwrap(),
-            "--frames",
-            "1-8",
-            "--wait",
-            "-o",
-            out.to_str().unwrap(),
-        ],
-    );
-    let stderr = String::from_utf8_lossy(&submitted.stderr);
-    assert!(submitted.status.success(), "submit failed: {stderr}");
+    let stderr = submit_wait(&coord.url, &scene, "1-8", &out);
     assert!(stderr.contains("uploaded scene:"), "{stderr}");
     let expected: Vec<String> = (1..=8).map(|f| format!("frame_{f:04}.png")).collect();
     assert_eq!(frames_of(&out), expected);

@@ -50,22 +50,6 @@ fn assert_blob_store_whole(blobs: &Path) {
     assert!(n > 0);
 }
 
-fn fetch_and_compare(url: &str, job: u64, scene: &Path, frames: u32, dir: &Path) {
-    let out = dir.join(format!("out-{job}"));
-    cli_ok(
-        url,
-        &["fetch", &job.to_string(), "-o", out.to_str().unwrap()],
-    );
-    let refs = dir.join(format!("refs-{job}"));
-    reference(scene, 1, frames, &refs);
-    for f in 1..=frames {
-        assert_same_pixels(
-            &out.join(format!("frame_{f:04}.png")),
-            &refs.join(format!("ref_{f:04}.png")),
-        );
-    }
-}
-
 #[test]
 fn a_coordinator_killed_ten_times_mid_job_loses_nothing() {
     let scene = scene(&[
@@ -108,7 +92,7 @@ fn a_coordinator_killed_ten_times_mid_job_loses_nothing() {
     });
     assert_eq!(done["state"], "done", "{done:#}");
     assert_eq!(done["frames_done"], 50);
-    fetch_and_compare(&url, job, &scene, 50, dir.path());
+    fetch_exact(&url, job, &scene, 1..=50, dir.path());
     assert_blob_store_whole(&data.join("blobs"));
 }
 
@@ -145,7 +129,7 @@ fn a_worker_killed_again_and_again_loses_nothing_but_its_time() {
         j["state"] == "done" || j["state"] == "failed"
     });
     assert_eq!(done["state"], "done", "{done:#}");
-    fetch_and_compare(&coord.url, job, &scene, 12, dir.path());
+    fetch_exact(&coord.url, job, &scene, 1..=12, dir.path());
 }
 
 #[test]
@@ -310,7 +294,7 @@ fn pause_resume_cancel_and_retry_reach_the_workers() {
         j["state"] == "done" || j["state"] == "failed"
     });
     assert_eq!(done["state"], "done");
-    fetch_and_compare(&coord.url, job, &scene, 6, dir.path());
+    fetch_exact(&coord.url, job, &scene, 1..=6, dir.path());
     let refused = cli(&coord.url, &["retry", &job.to_string()]);
     assert!(String::from_utf8_lossy(&refused.stderr)
         .contains("only failed or canceled jobs can be retried"));

@@ -13,15 +13,6 @@ use tessera_tests::*;
 
 const LONG: Duration = Duration::from_secs(240);
 
-fn assert_matches_reference(out: &Path, refs: &Path, frames: std::ops::RangeInclusive<u32>) {
-    for f in frames {
-        assert_same_pixels(
-            &out.join(format!("frame_{f:04}.png")),
-            &refs.join(format!("ref_{f:04}.png")),
-        );
-    }
-}
-
 /// The admin token (written by the first coordinator to start) and a new
 /// worker token, registered for every URL in `urls`.
 fn tokens(data: &Path, url: &str, urls: &[&str]) -> (String, String) {
@@ -231,14 +222,7 @@ fn the_standby_takes_over_when_the_active_is_killed_and_the_job_finishes_exactly
     });
     assert_eq!(done["state"], "done", "{done:#}");
     assert_eq!(done["frames_done"], 6);
-    let out = dir.path().join("out");
-    cli_ok(
-        &both,
-        &["fetch", &job.to_string(), "-o", out.to_str().unwrap()],
-    );
-    let refs = dir.path().join("refs");
-    reference(&scene, 1, 6, &refs);
-    assert_matches_reference(&out, &refs, 1..=6);
+    fetch_exact(&both, job, &scene, 1..=6, dir.path());
 
     // Nothing acknowledged before the kill was rendered again: each such task
     // is done in the same attempt, with one completion in the workers' logs.

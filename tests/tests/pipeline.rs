@@ -2,7 +2,6 @@
 //! job dependencies (a chain, and a chain broken by a cancel), frame
 //! reruns, what each job costs, and the autoscaling signal.
 
-use std::path::Path;
 use std::time::Duration;
 
 use tessera_tests::*;
@@ -27,23 +26,6 @@ fn sample(body: &str, series: &str) -> Option<f64> {
 fn metrics(coord: &Coordinator) -> String {
     let url = coord.metrics.as_ref().expect("started with --http");
     http_get_as(url, Some(&coord.admin_token())).1
-}
-
-/// Fetches `job` and compares frames `frames` with a direct Blender render.
-fn frames_exact(url: &str, job: u64, scene: &Path, frames: (u32, u32), dir: &Path) {
-    let out = dir.join(format!("out-{job}"));
-    cli_ok(
-        url,
-        &["fetch", &job.to_string(), "-o", out.to_str().unwrap()],
-    );
-    let refs = dir.join(format!("refs-{job}"));
-    reference(scene, frames.0, frames.1, &refs);
-    for f in frames.0..=frames.1 {
-        assert_same_pixels(
-            &out.join(format!("frame_{f:04}.png")),
-            &refs.join(format!("ref_{f:04}.png")),
-        );
-    }
 }
 
 #[test]
@@ -132,7 +114,7 @@ fn a_chain_runs_in_order_a_canceled_middle_job_cancels_the_rest_and_costs_add_up
     wait_for(&url, d, LONG, "the first job of the broken chain", |j| {
         j["state"] == "done"
     });
-    frames_exact(&url, b, &scene, (4, 5), dir.path());
+    fetch_exact(&url, b, &scene, 4..=5, dir.path());
 
     // Cost: every attempt at 7.20/h on one slot; the job's cost is their sum,
     // and /metrics says the same.
@@ -189,7 +171,7 @@ fn retry_frames_renders_only_those_frames_again_and_the_job_is_exact() {
         let want = if (2..=3).contains(&frame) { 2 } else { 1 };
         assert_eq!(renders, want, "frame {frame}: {t:#}");
     }
-    frames_exact(&url, job, &scene, (1, 6), dir.path());
+    fetch_exact(&url, job, &scene, 1..=6, dir.path());
     let bad = cli(&url, &["retry", &job.to_string(), "--frames", "9"]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("not in job"));

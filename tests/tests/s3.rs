@@ -2,7 +2,6 @@
 //! the blob-store contract, start-up checks that name the fix, and a farm
 //! with `--blobs s3://...` end to end with real workers and Blender.
 
-use std::path::Path;
 use std::time::Duration;
 
 use tessera_coordinator::blob_store::{contract, BlobStore};
@@ -109,15 +108,6 @@ fn a_misconfigured_s3_store_refuses_to_open_and_names_the_fix() {
     );
 }
 
-fn frames_of(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
-}
-
 #[test]
 fn a_farm_with_blobs_in_s3_renders_exactly_and_deleting_frees_the_bucket() {
     let Some(server) = s3_or_skip("a_farm_with_blobs_in_s3") else {
@@ -144,20 +134,7 @@ fn a_farm_with_blobs_in_s3_renders_exactly_and_deleting_frees_the_bucket() {
     let a = worker(&coord.url, dir.path(), "a");
     let b = worker(&coord.url, dir.path(), "b");
     let out = dir.path().join("out");
-    let submitted = cli(
-        &coord.url,
-        &[
-            "submit",
-            scene.to_str().unwrap(),
-            "--frames",
-            "1-6",
-            "--wait",
-            "-o",
-            out.to_str().unwrap(),
-        ],
-    );
-    let stderr = String::from_utf8_lossy(&submitted.stderr);
-    assert!(submitted.status.success(), "submit failed: {stderr}");
+    let stderr = submit_wait(&coord.url, &scene, "1-6", &out);
     assert!(stderr.contains("uploaded scene:"), "{stderr}");
     let expected: Vec<String> = (1..=6).map(|f| format!("frame_{f:04}.png")).collect();
     assert_eq!(frames_of(&out), expected);
