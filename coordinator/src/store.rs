@@ -634,43 +634,10 @@ impl MetaStore for MemoryStore {
 
 #[cfg(test)]
 mod tests {
+    // The store suite's job record.
+    use super::suite::job;
     use super::*;
     use crate::digest::Digest;
-    use crate::job::JobState;
-
-    fn job(id: u64) -> Job {
-        Job {
-            after: Vec::new(),
-            max_cost: None,
-            capacity: Default::default(),
-            started: false,
-            id: JobId(id),
-            scene: Digest::of(b"s"),
-            scene_name: "s.blend".into(),
-            frames: "1-2".into(),
-            frame_count: 2,
-            chunk: 1,
-            priority: 0,
-            max_attempts: 3,
-            task_count: 2,
-            state: JobState::Queued,
-            message: String::new(),
-            created_ms: 1,
-            finished_ms: None,
-            grid: crate::tiles::Grid::WHOLE,
-            overscan: 0,
-            width: 0,
-            height: 0,
-            stitched: Default::default(),
-            requirements: Default::default(),
-            failures_by_worker: Default::default(),
-            owner: String::new(),
-            file_set: None,
-            missing_files: Vec::new(),
-            preview: Default::default(),
-            verify: 0.0,
-        }
-    }
 
     #[test]
     fn stitched_frames_are_records_of_their_own_and_old_jobs_are_moved() {
