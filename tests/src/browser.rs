@@ -173,6 +173,25 @@ impl Browser {
         false
     }
 
+    /// Opens `url` (a dashboard page behind sign-in), signs in with
+    /// `token` through the form, and waits until the dashboard opens.
+    pub fn sign_in(&mut self, url: &str, token: &str) {
+        self.goto(url);
+        assert!(
+            self.wait_for("document.querySelector('#login')", Duration::from_secs(20)),
+            "no sign-in form"
+        );
+        self.eval(&format!(
+            "document.getElementById('token').value = {}; document.getElementById('login').requestSubmit(); true",
+            json!(token)
+        ));
+        assert!(
+            self.wait_for("location.pathname === '/'", Duration::from_secs(20)),
+            "sign-in failed: {}",
+            self.eval("document.body.innerText")
+        );
+    }
+
     /// Saves a PNG screenshot of the page.
     pub fn screenshot(&mut self, path: &Path) {
         use base64::Engine;

@@ -222,20 +222,7 @@ fn dashboard_plays(f: &Farm, base: &str, job: u64, token: &str) {
         return;
     };
     let mut b = Browser::start(&binary, f.dir.path(), 1024, 800);
-    b.goto(&format!("{base}/jobs/{job}"));
-    assert!(
-        b.wait_for("document.querySelector('#login')", Duration::from_secs(20)),
-        "no sign-in form"
-    );
-    b.eval(&format!(
-        "document.getElementById('token').value = {}; document.getElementById('login').requestSubmit(); true",
-        serde_json::json!(token)
-    ));
-    assert!(
-        b.wait_for("location.pathname === '/'", Duration::from_secs(20)),
-        "sign-in failed: {}",
-        b.eval("document.body.innerText")
-    );
+    b.sign_in(&format!("{base}/jobs/{job}"), token);
     b.goto(&format!("{base}/jobs/{job}"));
     assert!(
         b.wait_for(

@@ -195,20 +195,7 @@ fn dashboard_shows(base: &str, token: &str, suspect: &str, job: u64, dir: &Path)
         return;
     };
     let mut b = Browser::start(&binary, dir, 1280, 900);
-    b.goto(&format!("{base}/workers"));
-    assert!(
-        b.wait_for("document.querySelector('#login')", Duration::from_secs(20)),
-        "no sign-in form"
-    );
-    b.eval(&format!(
-        "document.getElementById('token').value = {}; document.getElementById('login').requestSubmit(); true",
-        serde_json::json!(token)
-    ));
-    assert!(
-        b.wait_for("location.pathname === '/'", Duration::from_secs(20)),
-        "sign-in failed: {}",
-        b.eval("document.body.innerText")
-    );
+    b.sign_in(&format!("{base}/workers"), token);
     b.goto(&format!("{base}/workers"));
     let card = format!("document.querySelector('[data-worker=\"{suspect}\"] [data-suspect]')");
     assert!(

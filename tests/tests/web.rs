@@ -369,15 +369,7 @@ fn the_dashboard_signs_in_shows_a_job_finish_live_and_cancels_another() {
         let mut b = Browser::start(&binary, farm.dir.path(), 1280, 900);
 
         // Sign in with Alice's token.
-        b.goto(&format!("{}/jobs/{stuck}", farm.base));
-        assert!(
-            b.wait_for("document.querySelector('#login')", Duration::from_secs(20)),
-            "no sign-in form"
-        );
-        b.eval(&format!(
-            "document.getElementById('token').value = {}; document.getElementById('login').requestSubmit(); true",
-            json!(farm.alice)
-        ));
+        b.sign_in(&format!("{}/jobs/{stuck}", farm.base), &farm.alice);
         assert!(
             b.wait_for("location.pathname === '/' && document.querySelector('#jobs') && document.getElementById('live').className === 'on'", Duration::from_secs(20)),
             "the jobs page did not open after sign-in: {}",

@@ -32,7 +32,7 @@ enum Deps {
 
 impl State {
     /// The state of job `id`, live or archived.
-    fn job_state(&self, id: JobId) -> Option<JobState> {
+    pub(super) fn job_state(&self, id: JobId) -> Option<JobState> {
         self.jobs
             .get(&id)
             .map(|j| j.state)
@@ -97,7 +97,7 @@ impl State {
 
     /// Keeps the dependents index and the owed reactions current after
     /// `job` changed (from `old`). Called by `install`, before `job` is
-    /// stored in `self.jobs`.
+    /// stored in `self.jobs`; `dependency_changed` follows once it is.
     pub(super) fn note_pipeline(&mut self, job: &Job, old: Option<&Job>) {
         let id = job.id;
         if old.is_none() {
@@ -130,10 +130,6 @@ impl State {
                 ))
             });
         }
-        let state_changed = old.is_none_or(|o| o.state != job.state);
-        if state_changed {
-            self.dependency_changed(id, Some(job.state));
-        }
     }
 
     /// Job `id` is now in `state` (None: gone): what waits for it is
@@ -152,21 +148,10 @@ impl State {
             match state {
                 Some(JobState::Done) => {
                     // Released: lease it now if nothing else holds it back.
-                    let dep = dep.clone();
                     let ready = self.index.get(&d).map_or(0, |i| i.ready.len());
-                    // `id` is not in `self.jobs` yet while it is installed:
-                    // judge the other dependencies only.
-                    let others_done = dep
-                        .after
-                        .iter()
-                        .filter(|a| **a != id)
-                        .all(|a| self.job_state(*a) == Some(JobState::Done));
-                    if others_done
-                        && !self.over_budget(&dep)
-                        && dep.state != JobState::Paused
-                        && ready > 0
-                    {
-                        self.runnable.insert((std::cmp::Reverse(dep.priority), d));
+                    if dep.state != JobState::Paused && ready > 0 && !self.held_back(dep) {
+                        let key = (std::cmp::Reverse(dep.priority), d);
+                        self.runnable.insert(key);
                         self.wake(d, ready);
                     }
                 }
@@ -259,6 +244,12 @@ impl Farm {
                         "--after names job {a}, which does not exist; `tessera jobs --archived` lists the jobs you can wait for"
                     )))
                 }
+            }
+            if let Some(s @ (JobState::Failed | JobState::Canceled)) = st.job_state(id) {
+                return Err(Error::invalid(format!(
+                    "job {a} is {}, so a job after it would never run; retry job {a} first, or submit without --after {a}",
+                    s.name()
+                )));
             }
             if !out.contains(&id) {
                 out.push(id);

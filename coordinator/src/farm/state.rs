@@ -322,7 +322,15 @@ impl State {
         } else {
             self.to_preview.remove(&id);
         }
+        let new_state = old_job
+            .as_ref()
+            .is_none_or(|o| o.state != job.state)
+            .then_some(job.state);
         self.jobs.insert(id, job);
+        // Jobs that wait for this one see its new state.
+        if let Some(state) = new_state {
+            self.dependency_changed(id, Some(state));
+        }
         if became_final {
             let keys: Vec<(JobId, u32)> = self
                 .to_stitch

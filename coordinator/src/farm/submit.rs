@@ -142,22 +142,6 @@ impl Farm {
         }
         let plan = self.plan(&sub)?;
         let after = self.check_after(None, &sub.after)?;
-        {
-            let st = self.lock();
-            for d in &after {
-                let state = st
-                    .jobs
-                    .get(d)
-                    .map(|j| j.state)
-                    .or_else(|| st.archived.get(d).map(|a| a.job.state));
-                if let Some(s @ (JobState::Failed | JobState::Canceled)) = state {
-                    return Err(Error::invalid(format!(
-                        "job {d} is {}, so a job after it would never run; retry job {d} first, or submit without --after {d}",
-                        s.name()
-                    )));
-                }
-            }
-        }
         if let Some(m) = sub.max_cost {
             pipeline::check_budget(m)?;
         }
