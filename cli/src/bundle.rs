@@ -62,6 +62,9 @@ struct Job {
     tags: Vec<String>,
     #[serde(default)]
     features: Vec<String>,
+    /// The Blender versions that may render it (empty: what saved the scene).
+    #[serde(default)]
+    blender: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -260,6 +263,7 @@ pub async fn submit(c: &mut Client, dir: &Path, args: &JobArgs, preview: bool) -
         } else {
             job.features
         },
+        blender: job.blender,
         after: args.after.clone(),
         max_cost: args.max_cost,
         capacity: args.capacity.clone(),

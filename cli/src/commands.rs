@@ -9,7 +9,7 @@ use crate::client::{self, Client};
 use crate::fileset;
 pub use crate::serve::render_mode;
 use crate::serve::{coordinator, worker};
-use crate::{show, Cli, Command, JobArgs, SubmitArgs, UsersCommand};
+use crate::{show, BlenderCommand, Cli, Command, JobArgs, SubmitArgs, UsersCommand};
 use tessera_worker::agent::Access;
 
 /// Where the CLI looks for a token when neither --token nor $TESSERA_TOKEN is set.
@@ -310,6 +310,10 @@ pub async fn run(cli: Cli) -> Result<()> {
             eprintln!("job {job} re-queued: {left} task(s) to render again");
             Ok(())
         }
+        Command::Blender(BlenderCommand::Install { version, runtimes }) => {
+            crate::runtimes::install(&version, runtimes).await
+        }
+        Command::Blender(BlenderCommand::List { blender }) => crate::runtimes::list(&blender).await,
         Command::Workers(j) => {
             let mut c = Client::new(&url)?;
             let workers = c
@@ -348,51 +352,16 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// The worker's Blender and its version, or a clear error.
-pub async fn blender_version(blender: &std::path::Path) -> Result<String> {
-    Ok(tessera_worker::blender::blender_version(blender).await?)
-}
-
-/// The worker's Blender version line and what it can render, asked at once,
-/// and remembered while the Blender executable is unchanged.
-pub async fn blender_caps(blender: &std::path::Path) -> Result<(String, Vec<String>)> {
-    let display =
-        std::env::var_os("DISPLAY").is_some() || std::env::var_os("WAYLAND_DISPLAY").is_some();
-    let exe = fileset::which_blender(blender);
-    let key = format!("{}\0{:?}\0{display}", exe.display(), fileset::stamp(&exe));
-    let file = fileset::cache_dir().map(|d| d.join("blender-caps.json"));
-    let remembered: Option<(String, String, Vec<String>)> = file
-        .as_ref()
-        .and_then(|f| std::fs::read(f).ok())
-        .and_then(|b| serde_json::from_slice(&b).ok());
-    if let Some((k, version, features)) = remembered {
-        if k == key {
-            return Ok((version, features));
-        }
-    }
-    let (version, caps) = tokio::join!(
-        blender_version(blender),
-        tessera_worker::capabilities::probe(blender, display)
-    );
-    let (version, features) = (version?, caps?.features);
-    if let Some(f) = file {
-        let _ = std::fs::create_dir_all(f.parent().unwrap_or(std::path::Path::new(".")));
-        let _ = serde_json::to_vec(&(key, &version, &features)).map(|b| std::fs::write(f, b));
-    }
-    Ok((version, features))
-}
-
 /// A checked submission: the frame set, the scene's facts when read, and
 /// its files laid out under the job root.
 pub struct Prepared {
-    scene: std::path::PathBuf,
+    /// The scene file.
+    pub scene: std::path::PathBuf,
     frames: String,
     facts: Option<client::SceneFacts>,
     layout: fileset::Layout,
     /// Blender features the scene needs.
     features: Vec<String>,
-    /// The Blender version that saved the scene.
-    saved_with: String,
     /// Make a preview video when the job is done (`submit --preview`).
     pub preview: bool,
 }
@@ -429,8 +398,11 @@ pub async fn prepare(job: &JobArgs) -> Result<Prepared> {
     let grid: tessera_coordinator::tiles::Grid =
         job.tiles.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
     // One Blender start reads the scene's files and facts; an unchanged
-    // scene is not read again (see `fileset::trace_cached`).
-    let trace = fileset::trace_cached(&job.blender, &scene).await?;
+    // scene is not read again (see `fileset::trace_cached`). It is read by
+    // a Blender of this machine that reads what saved it.
+    let local = crate::runtimes::local(&job.reader()).await?;
+    let reader = crate::runtimes::choose(&local, &scene, job.requirement()?)?;
+    let trace = fileset::trace_cached(&reader.runtime, &scene).await?;
     let facts = trace.facts.as_ref().map(client::SceneFacts::from);
     let frames = match (&job.frames, &facts) {
         (Some(f), _) => f.clone(),
@@ -463,32 +435,8 @@ pub async fn prepare(job: &JobArgs) -> Result<Prepared> {
         } else {
             fileset::features(&trace)
         },
-        saved_with: trace.saved_with.clone(),
         preview: false,
     })
-}
-
-/// Warns when the scene was saved by a newer Blender than any worker runs:
-/// Blender reads newer files with data loss.
-async fn warn_if_newer(c: &mut Client, saved_with: &str) {
-    let Some(saved) = fileset::version(saved_with) else {
-        return;
-    };
-    let Ok(workers) = c.farm.list_workers(pb::ListWorkersRequest {}).await else {
-        return;
-    };
-    let newest = workers
-        .into_inner()
-        .workers
-        .iter()
-        .filter_map(|w| fileset::version(w.blender_version.trim_start_matches("Blender ")))
-        .max();
-    if let Some(newest) = newest.filter(|n| *n < saved) {
-        eprintln!(
-            "warning: the scene was saved by Blender {saved_with}, newer than any worker's ({}.{}.{}); Blender reads newer files with data loss: save it with the workers' version, or upgrade their Blender",
-            newest.0, newest.1, newest.2
-        );
-    }
 }
 
 /// Hashes the scene's files and uploads those the coordinator lacks; returns
@@ -551,7 +499,6 @@ pub fn say_uploaded(sent: u64, count: usize, files: usize) {
 
 /// Uploads and submits; returns the job id.
 pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Result<u64> {
-    warn_if_newer(c, &prepared.saved_with).await;
     let (digest, file_set, sent, count) = upload_files(c, &prepared.layout).await?;
     say_uploaded(sent, count, prepared.layout.files.len());
     let name = prepared
@@ -579,6 +526,10 @@ pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Re
         tags: job.tag.clone(),
         file_set_digest: file_set.unwrap_or_default(),
         features: prepared.features.clone(),
+        blender: job
+            .requirement()?
+            .map(|r| r.to_string())
+            .unwrap_or_default(),
         after: job.after.clone(),
         max_cost: job.max_cost,
         capacity: job.capacity.clone(),
@@ -603,7 +554,9 @@ async fn deps(
     json: bool,
 ) -> Result<()> {
     client::check_scene(scene)?;
-    let trace = fileset::trace_cached(blender, scene).await?;
+    let local = crate::runtimes::local(blender).await?;
+    let reader = crate::runtimes::choose(&local, scene, None)?;
+    let trace = fileset::trace_cached(&reader.runtime, scene).await?;
     let layout = fileset::layout(scene, &trace, &[])?;
     let mut cache = fileset::HashCache::load();
     let entries = fileset::hash_all(&layout, &mut cache, true).await?;

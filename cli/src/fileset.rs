@@ -95,13 +95,16 @@ pub fn cache_dir() -> Option<PathBuf> {
 /// [`trace`], remembered by the scene's content and path, the Blender used,
 /// and every file and folder the trace looked at: submitting an unchanged
 /// scene again starts no Blender.
-pub async fn trace_cached(blender: &Path, scene: &Path) -> Result<Trace> {
+pub async fn trace_cached(
+    blender: &tessera_worker::runtime::Runtime,
+    scene: &Path,
+) -> Result<Trace> {
     let scene_abs =
         normalize(&std::path::absolute(scene).context("cannot resolve the scene's path")?);
     let (digest, _) = tessera_worker::transfer::hash_file(&scene_abs)
         .await
         .with_context(|| format!("cannot read {}", scene.display()))?;
-    let which = which_blender(blender);
+    let which = blender.exe.clone();
     // The script is part of the key: a trace made by an older deps.py may
     // lack what this one reads.
     let key = blake3::hash(
@@ -162,19 +165,6 @@ pub async fn trace_cached(blender: &Path, scene: &Path) -> Result<Trace> {
     Ok(trace)
 }
 
-/// The Blender executable `blender` names, found on $PATH when it is a bare name.
-pub fn which_blender(blender: &Path) -> PathBuf {
-    if blender.components().count() > 1 {
-        return blender.to_path_buf();
-    }
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join(blender))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| blender.to_path_buf())
-}
-
 /// One external reference of a scene or of a library it links.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct TracedFile {
@@ -220,26 +210,26 @@ impl TracedFile {
     }
 }
 
-/// Runs `deps.py` on `scene` with `blender`.
-pub async fn trace(blender: &Path, scene: &Path) -> Result<Trace> {
+/// Runs `deps.py` on `scene` with `blender` (factory settings, the scene's
+/// own Python off, as on workers).
+pub async fn trace(blender: &tessera_worker::runtime::Runtime, scene: &Path) -> Result<Trace> {
     let dir = tempfile::tempdir().context("cannot create a temporary folder")?;
     let script = dir.path().join("deps.py");
     std::fs::write(&script, DEPS_SCRIPT).context("cannot write the tracing script")?;
+    let bpy_run = dir.path().join("bpy_run.py");
+    std::fs::write(&bpy_run, tessera_worker::runtime::BPY_RUN)
+        .context("cannot write the tracing script")?;
     let out_json = dir.path().join("deps.json");
-    let out = tokio::process::Command::new(blender)
-        .arg("-b")
-        .arg(scene)
-        .args(["--python-exit-code", "3", "--python"])
-        .arg(&script)
-        .arg("--")
+    let out = blender
+        .command(Some(scene), &script, &bpy_run, false)
         .arg("--out")
         .arg(&out_json)
         .output()
         .await
         .with_context(|| {
             format!(
-                "cannot run Blender (`{}`) to list the scene's files; install Blender (apt-get install blender) or pass --blender PATH",
-                blender.display()
+                "cannot run Blender ({}) to list the scene's files; install Blender (apt-get install blender) or pass --blender PATH",
+                blender.describe()
             )
         })?;
     let text = match std::fs::read(&out_json) {
@@ -662,17 +652,6 @@ pub fn features(trace: &Trace) -> Vec<String> {
         out.push("eevee".to_string());
     }
     out
-}
-
-/// `3.4.1` (or `3.4`) as numbers, for comparing versions.
-pub fn version(s: &str) -> Option<(u32, u32, u32)> {
-    let mut parts = s
-        .split(|c: char| !c.is_ascii_digit())
-        .filter(|p| !p.is_empty());
-    let major = parts.next()?.parse().ok()?;
-    let minor = parts.next()?.parse().ok()?;
-    let patch = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-    Some((major, minor, patch))
 }
 
 /// `tessera hash`: one JSON line per file, `{"path", "digest", "size"}`,

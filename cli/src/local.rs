@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::client::{self, Client};
-use crate::commands::{blender_caps, prepare, settle, submit_job};
+use crate::commands::{prepare, settle, submit_job};
 use crate::RenderArgs;
 use tessera_worker::agent::Access;
 
@@ -25,14 +25,22 @@ pub async fn render(args: RenderArgs) -> Result<()> {
             "--verify renders tasks again on a different worker, and `tessera render` has one (its slots are one worker); submit the job to a farm with two or more workers instead"
         );
     }
-    // Reading the scene and asking Blender what it offers both start
-    // Blender: do them at once.
-    let (frames, caps) = tokio::join!(prepare(&args.job), blender_caps(&args.job.blender));
-    let (frames, (version, features)) = (frames?, caps?);
+    // The local worker offers every Blender of this machine; the farm picks
+    // the one that reads the scene (or the one `--blender 4.5` names).
+    let local = crate::runtimes::local(&args.job.reader()).await?;
+    let (frames, offered) = tokio::join!(prepare(&args.job), crate::runtimes::offer_local(&local));
+    let (frames, offered) = (frames?, offered?);
+    let chosen = crate::runtimes::choose(&local, &frames.scene, args.job.requirement()?)?;
+    let features = offered
+        .iter()
+        .find(|o| o.runtime == chosen.runtime)
+        .map(|o| o.caps.features.clone())
+        .unwrap_or_default();
     let lacking = frames.lacking(&features);
     if !lacking.is_empty() {
         anyhow::bail!(
-            "this machine's Blender lacks {}, which the scene uses{}, or submit it to a farm whose workers' Blender has it",
+            "this machine's Blender {} lacks {}, which the scene uses{}, or submit it to a farm whose workers' Blender has it",
+            chosen.version,
             lacking.join(" and "),
             if lacking.iter().any(|f| f == "OpenImageDenoise") {
                 " (denoising is on): turn off denoising (Render Properties > Sampling > Denoise)"
@@ -94,8 +102,7 @@ pub async fn render(args: RenderArgs) -> Result<()> {
             slots,
         )
         .map_err(anyhow::Error::msg)?,
-        blender_version: version,
-        blender_features: features,
+        runtimes: offered,
         threads: args.threads.or(Some((cores / slots).max(1))),
         hardware: Default::default(),
         tags: Vec::new(),
@@ -111,7 +118,6 @@ pub async fn render(args: RenderArgs) -> Result<()> {
     let mode = crate::commands::render_mode(args.fresh_process, 60.0)?;
     let worker = tokio::spawn(tessera_worker::agent::run_blender(
         config,
-        args.job.blender.clone(),
         mode,
         stop_rx.clone(),
     ));

@@ -10,6 +10,7 @@ mod fileset;
 mod ha;
 mod local;
 mod preview;
+mod runtimes;
 mod serve;
 mod show;
 mod show_verify;
@@ -141,6 +142,11 @@ enum Command {
     },
     /// List workers.
     Workers(JsonArg),
+    /// Blender runtimes on this machine: `install 4.5` puts the official
+    /// Blender 4.5 (the `bpy` module from PyPI) in a venv; `list` shows each
+    /// Blender found, its version and what it renders.
+    #[command(subcommand)]
+    Blender(BlenderCommand),
     /// List the files a scene needs: path under the job root, size, found or
     /// missing, and whether the coordinator already has it.
     Deps {
@@ -314,6 +320,27 @@ struct CoordinatorArgs {
     status: bool,
 }
 
+/// `tessera blender ...`.
+#[derive(Subcommand, Debug)]
+enum BlenderCommand {
+    /// Install the newest release of a Blender line (`4.5`) or one release
+    /// (`4.5.15`) as the `bpy` module, in a venv under the runtimes folder.
+    Install {
+        /// The line or release.
+        version: String,
+        /// The runtimes folder (default: $TESSERA_RUNTIMES, else ~/.cache/tessera/runtimes).
+        #[arg(long)]
+        runtimes: Option<PathBuf>,
+    },
+    /// List the Blenders on this machine: the `blender` given and every
+    /// installed `bpy` runtime, with their versions and what they render.
+    List {
+        /// A Blender executable to list first.
+        #[arg(long, env = "TESSERA_BLENDER", default_value = "blender")]
+        blender: PathBuf,
+    },
+}
+
 #[derive(Args, Debug)]
 struct WorkerArgs {
     /// Name shown in `tessera workers` (default: host name).
@@ -354,9 +381,17 @@ struct WorkerArgs {
     /// seconds before releasing them to other workers.
     #[arg(long, default_value_t = 0.0)]
     grace: f64,
-    /// Blender executable.
+    /// A Blender to render with (repeatable): a path (a `blender` binary, or
+    /// a venv with the `bpy` module), or a line such as `4.5`: the official
+    /// Blender as the `bpy` module from PyPI, installed once under --runtimes
+    /// (with the Python its wheels need). The coordinator picks, for each
+    /// task, a runtime that reads the job's scene.
     #[arg(long, env = "TESSERA_BLENDER", default_value = "blender")]
-    blender: PathBuf,
+    blender: Vec<String>,
+    /// Where `--blender 4.5` installs and finds `bpy` runtimes (default:
+    /// $TESSERA_RUNTIMES, else CACHE/runtimes).
+    #[arg(long)]
+    runtimes: Option<PathBuf>,
     /// Render threads per slot (default: cores divided among slots).
     #[arg(long)]
     threads: Option<u32>,
@@ -392,6 +427,22 @@ struct WorkerArgs {
     test_corrupt_pixel: bool,
 }
 
+impl JobArgs {
+    /// The job's Blender version requirement, when `--blender` gives one.
+    fn requirement(&self) -> anyhow::Result<Option<tessera_coordinator::runtime::VersionReq>> {
+        runtimes::requirement(Some(&self.blender))
+    }
+
+    /// The Blender that reads the scene here: `--blender` when it is a path,
+    /// else `blender` on PATH (installed `bpy` runtimes are tried too).
+    fn reader(&self) -> PathBuf {
+        match self.requirement() {
+            Ok(Some(_)) | Err(_) => PathBuf::from("blender"),
+            Ok(None) => PathBuf::from(&self.blender),
+        }
+    }
+}
+
 /// What a job asks for; shared by `submit` and `render`.
 #[derive(Args, Debug, Clone)]
 struct JobArgs {
@@ -424,9 +475,12 @@ struct JobArgs {
     /// A tag the rendering workers must carry (repeatable).
     #[arg(long)]
     tag: Vec<String>,
-    /// Blender executable, used to read the scene's frame range, size and files.
+    /// The Blender versions that may render the job: `4.5` (that line),
+    /// `>=4.2`, `^4.2` (it or newer within 4.x). Default: the version that
+    /// saved the scene, or newer within its major. A path instead names the
+    /// Blender that reads the scene's frame range, size and files here.
     #[arg(long, env = "TESSERA_BLENDER", default_value = "blender")]
-    blender: PathBuf,
+    blender: String,
     /// Submit even when files the scene refers to are missing; the job
     /// records them, and `status` shows them.
     #[arg(long)]

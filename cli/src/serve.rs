@@ -4,7 +4,7 @@ use anyhow::{bail, Context, Result};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::commands::{blender_caps, shutdown_signal};
+use crate::commands::shutdown_signal;
 use crate::{CoordinatorArgs, WorkerArgs};
 use tessera_worker::agent::Access;
 
@@ -214,7 +214,22 @@ pub async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
         tracing::warn!("the token is on the command line, where any process on this machine can read it (/proc/PID/cmdline); use --token-file");
     }
     let url = &url;
-    let (version, mut features) = blender_caps(&args.blender).await?;
+    let runtimes_dir = args
+        .runtimes
+        .clone()
+        .or_else(|| std::env::var_os("TESSERA_RUNTIMES").map(Into::into))
+        .unwrap_or_else(|| args.cache.join("runtimes"));
+    let mut runtimes = crate::runtimes::offer(&args.blender, &runtimes_dir).await?;
+    for o in &runtimes {
+        tracing::info!(
+            version = %o.caps.version,
+            kind = o.runtime.kind.name(),
+            exe = %o.runtime.exe.display(),
+            features = ?o.caps.features,
+            devices = ?o.caps.devices,
+            "Blender runtime"
+        );
+    }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     let choice =
         tessera_worker::slots::DeviceChoice::parse(&args.device).map_err(anyhow::Error::msg)?;
@@ -242,7 +257,11 @@ pub async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
         .iter()
         .any(|p| p.device == tessera_worker::blender::Device::Optix)
     {
-        features.push(tessera_worker::capabilities::feature::OPTIX_DENOISE.to_string());
+        for o in &mut runtimes {
+            o.caps
+                .features
+                .push(tessera_worker::capabilities::feature::OPTIX_DENOISE.to_string());
+        }
     }
     for t in &args.tag {
         if t.is_empty()
@@ -279,8 +298,7 @@ pub async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
         name,
         cache: args.cache,
         slots: plans,
-        blender_version: version.clone(),
-        blender_features: features,
+        runtimes,
         threads: args.threads.or(Some((cores / slots).max(1))),
         hardware,
         tags: args.tag.clone(),
@@ -307,7 +325,7 @@ pub async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
         untrusted: args.untrusted,
         test_corrupt_pixel: args.test_corrupt_pixel,
     };
-    tracing::info!(blender = %version, slots, "worker starting");
+    tracing::info!(slots, "worker starting");
     let mode = render_mode(args.fresh_process, args.session_idle)?;
     let (tx, rx) = watch::channel(false);
     tokio::spawn(async move {
@@ -315,7 +333,7 @@ pub async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
         tracing::info!("shutting down: releasing tasks in flight");
         let _ = tx.send(true);
     });
-    tessera_worker::agent::run_blender(config, args.blender, mode, rx).await?;
+    tessera_worker::agent::run_blender(config, mode, rx).await?;
     Ok(())
 }
 

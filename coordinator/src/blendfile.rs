@@ -27,7 +27,7 @@ pub enum NotBlend {
 }
 
 /// Bytes of the file's end that [`check_end`] needs.
-pub const TAIL: usize = 24;
+pub const TAIL: usize = 32;
 
 /// Checks that a plain `.blend` ends with its `ENDB` block, given the file's
 /// first bytes and its last [`TAIL`] bytes (or fewer, for a tiny file).
@@ -38,7 +38,13 @@ pub fn check_end(head: &[u8], tail: &[u8]) -> Result<(), NotBlend> {
     }
     // The ENDB block header is code (4), length (4), old pointer (4 or 8),
     // SDNA index (4) and count (4): 24 bytes with 8-byte pointers, 20 with 4.
-    let header = if head[7] == b'-' { 24 } else { 20 };
+    // 5.0's format has large block headers: code, SDNA index (4 each), old
+    // pointer, length and count (8 each): 32 bytes.
+    let header = match head[7] {
+        b'-' => 24,
+        b'_' => 20,
+        _ => 32,
+    };
     if tail.len() < header || &tail[tail.len() - header..tail.len() - header + 4] != b"ENDB" {
         return Err(NotBlend::Truncated);
     }
@@ -56,15 +62,78 @@ pub fn sniff(head: &[u8]) -> Result<BlendKind, NotBlend> {
     if head.len() < 12 {
         return Err(NotBlend::TooShort(head.len()));
     }
-    let ok = head.starts_with(b"BLENDER")
-        && matches!(head[7], b'_' | b'-')
-        && matches!(head[8], b'v' | b'V')
-        && head[9..12].iter().all(u8::is_ascii_digit);
-    if ok {
+    // 12 bytes tell the old format; 5.0's begins `BLENDER17-`.
+    if saved_by(head).is_some() || head.starts_with(b"BLENDER17-") {
         Ok(BlendKind::Plain)
     } else {
         Err(NotBlend::BadHeader)
     }
+}
+
+/// Bytes of a (decompressed) file's start that [`saved_by`] needs: the
+/// 17-byte header of Blender 5.0's format, which is longer than the old one.
+pub const HEADER: usize = 17;
+
+/// The Blender version (major, minor) that saved a file, from its plain
+/// (decompressed) header:
+/// - `BLENDER-v405`: the format up to 4.x: pointer size, endianness, then
+///   three digits (405 is 4.5);
+/// - `BLENDER17-01v0500`: 5.0's: header size `17`, `-`, format version
+///   `01`, endianness, then four digits (0500 is 5.0).
+pub fn saved_by(head: &[u8]) -> Option<(u16, u16)> {
+    let digits = |b: &[u8]| -> Option<u16> {
+        b.iter().try_fold(0u16, |n, &c| {
+            c.is_ascii_digit().then(|| n * 10 + u16::from(c - b'0'))
+        })
+    };
+    let rest = head.strip_prefix(b"BLENDER")?;
+    let code = match rest {
+        [b'_' | b'-', b'v' | b'V', d @ ..] if d.len() >= 3 => digits(&d[..3])?,
+        [b'1', b'7', b'-', f1, f2, b'v' | b'V', d @ ..]
+            if f1.is_ascii_digit() && f2.is_ascii_digit() && d.len() >= 4 =>
+        {
+            digits(&d[..4])?
+        }
+        _ => return None,
+    };
+    Some((code / 100, code % 100))
+}
+
+/// The Blender version (major, minor) that saved a file, given its first
+/// bytes: plain, gzip- or zstd-compressed (a compressed file's header is
+/// inside its first block, so give at least [`COMPRESSED_HEAD`] bytes).
+pub fn saved_version(head: &[u8]) -> Result<(u16, u16), NotBlend> {
+    use std::io::Read;
+    let mut plain = [0u8; HEADER];
+    let read = match sniff(head)? {
+        BlendKind::Plain => {
+            let n = head.len().min(HEADER);
+            plain[..n].copy_from_slice(&head[..n]);
+            n
+        }
+        BlendKind::Gzip => read_up_to(flate2::read::GzDecoder::new(head), &mut plain),
+        BlendKind::Zstd => match ruzstd::decoding::StreamingDecoder::new(head) {
+            Ok(mut d) => read_up_to(d.by_ref(), &mut plain),
+            Err(_) => 0,
+        },
+    };
+    saved_by(&plain[..read]).ok_or(NotBlend::BadHeader)
+}
+
+/// How much of a compressed file [`saved_version`] should be given: Blender
+/// compresses in blocks of at most 128 KiB.
+pub const COMPRESSED_HEAD: usize = 256 << 10;
+
+/// Reads until `buf` is full or the reader ends or fails; returns the count.
+fn read_up_to(mut r: impl std::io::Read, buf: &mut [u8]) -> usize {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+    }
+    n
 }
 
 #[cfg(test)]
@@ -93,9 +162,28 @@ mod tests {
     }
 
     #[test]
+    fn the_saving_version() {
+        assert_eq!(saved_by(b"BLENDER-v304REND"), Some((3, 4)));
+        assert_eq!(saved_by(b"BLENDER_V279"), Some((2, 79)));
+        assert_eq!(saved_by(b"BLENDER-v405"), Some((4, 5)));
+        assert_eq!(saved_by(b"BLENDER17-01v0500"), Some((5, 0)));
+        assert_eq!(saved_by(b"BLENDER17-01v0512"), Some((5, 12)));
+        assert_eq!(saved_by(b"BLENDER17-01v05"), None);
+        assert_eq!(saved_by(b"BLENDER-x304"), None);
+        assert_eq!(sniff(b"BLENDER17-01v0500"), Ok(BlendKind::Plain));
+        assert_eq!(saved_version(b"BLENDER17-01v0500REND"), Ok((5, 0)));
+        // gzip of a 4.5 header, made with flate2's encoder.
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, b"BLENDER-v405REND and more bytes").unwrap();
+        let gz = gz.finish().unwrap();
+        assert_eq!(saved_version(&gz), Ok((4, 5)));
+        assert_eq!(saved_version(&gz[..12]), Err(NotBlend::BadHeader));
+    }
+
+    #[test]
     fn the_end_block() {
         let head = b"BLENDER-v304";
-        let mut whole = b"....ENDB".to_vec();
+        let mut whole = b"........ENDB".to_vec();
         whole.extend_from_slice(&[0; 20]);
         assert_eq!(check_end(head, &whole[whole.len() - TAIL..]), Ok(()));
         assert_eq!(

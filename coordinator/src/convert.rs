@@ -7,6 +7,7 @@ use crate::error::Error;
 use crate::farm::{Assignment, JobSnapshot, Registration, SceneInfo, Submission, WorkerSnapshot};
 use crate::hardware::{Device, Gpu, SlotCap, Telemetry};
 use crate::job::{JobId, JobState};
+use crate::runtime::{Runtime, Version};
 use crate::task::{FailureScope, FrameOutput, TaskState};
 use crate::worker::WorkerId;
 
@@ -39,6 +40,7 @@ impl TryFrom<pb::JobSpec> for Submission {
             min_vram_gb: s.min_vram_gb,
             tags: s.tags,
             features: s.features,
+            blender: s.blender,
             file_set: match s.file_set_digest.as_str() {
                 "" => None,
                 d => Some(digest("file_set_digest", d)?),
@@ -71,6 +73,11 @@ impl TryFrom<pb::WorkerInfo> for Registration {
             memory_bytes: w.memory_bytes,
             notes: w.notes,
             features: w.blender_features,
+            runtimes: w
+                .runtimes
+                .into_iter()
+                .map(runtime)
+                .collect::<Result<_, _>>()?,
             untrusted: w.untrusted,
             // Set from the caller's token by the handler, never from the message.
             owner: String::new(),
@@ -191,6 +198,11 @@ impl From<&JobSnapshot> for pb::JobView {
             file_set_digest: j.file_set.map(|d| d.to_hex()).unwrap_or_default(),
             missing_files: j.missing_files.clone(),
             features: j.requirements.features.clone(),
+            blender: j
+                .requirements
+                .blender
+                .map(|b| b.to_string())
+                .unwrap_or_default(),
             frames_done: c.frames_done,
             outputs_total: c.outputs,
             running_frames_done: c.running_frames_done,
@@ -394,6 +406,7 @@ impl From<&WorkerSnapshot> for pb::WorkerView {
             drain_reason: w.drain.clone().unwrap_or_default(),
             notes: r.notes.clone(),
             blender_features: r.features.clone(),
+            runtimes: r.runtimes.iter().map(Into::into).collect(),
             tasks_in_hand: w.in_hand.iter().map(|(j, t)| format!("{j}.{t}")).collect(),
             price_per_hour: r.price_per_hour,
             capacity: r.capacity.name().into(),
@@ -435,8 +448,38 @@ impl From<&Assignment> for pb::TaskAssignment {
             }),
             device: a.device.name().into(),
             file_set_digest: a.file_set.map(|d| d.to_hex()).unwrap_or_default(),
+            blender: a.blender.map(|v| v.to_string()).unwrap_or_default(),
         }
     }
+}
+
+impl From<&Runtime> for pb::BlenderRuntime {
+    fn from(r: &Runtime) -> Self {
+        Self {
+            version: r.version.to_string(),
+            kind: r.kind.clone(),
+            path: r.path.clone(),
+            features: r.features.clone(),
+            devices: r.devices.clone(),
+        }
+    }
+}
+
+/// A runtime a worker reported; its version must be one.
+fn runtime(r: pb::BlenderRuntime) -> Result<Runtime, Error> {
+    let version = Version::parse(&r.version).ok_or_else(|| {
+        Error::invalid(format!(
+            "runtime version `{}` is not a Blender version (e.g. 4.5.15)",
+            r.version
+        ))
+    })?;
+    Ok(Runtime {
+        version,
+        kind: r.kind,
+        path: r.path,
+        features: r.features,
+        devices: r.devices,
+    })
 }
 
 /// A slot's capability from the protocol (unknown devices read as CPU).

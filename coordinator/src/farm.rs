@@ -182,6 +182,9 @@ pub struct Submission {
     pub file_set: Option<Digest>,
     /// Blender features the scene needs.
     pub features: Vec<String>,
+    /// The Blender versions that may render it (`--blender 4.5`, `>=4.2`);
+    /// empty: the version that saved the scene or newer, within its major.
+    pub blender: String,
     /// Jobs that must be done before it starts (`--after`).
     pub after: Vec<u64>,
     /// The most it may cost (`--max-cost`).
@@ -251,6 +254,8 @@ pub struct Assignment {
     pub device: Device,
     /// The job's file set blob, when it has one.
     pub file_set: Option<Digest>,
+    /// The version of the worker's Blender to render it with.
+    pub blender: Option<crate::runtime::Version>,
 }
 
 /// What a worker says about itself when it registers.
@@ -280,6 +285,9 @@ pub struct Registration {
     pub notes: Vec<String>,
     /// What its Blender offers.
     pub features: Vec<String>,
+    /// Every Blender it offers (empty: one, described by `blender_version`
+    /// and `features`).
+    pub runtimes: Vec<crate::runtime::Runtime>,
     /// The user whose token registers it (set from the token, never from
     /// the message).
     pub owner: String,

@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
+use crate::runtime::{Runtime, VersionReq};
 
 /// Bytes in a GiB; `--min-vram` is given in these units.
 pub const GIB: f64 = (1u64 << 30) as f64;
@@ -102,6 +103,9 @@ pub struct Requirements {
     /// Features the worker's Blender must have (see [`FEATURES`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub features: Vec<String>,
+    /// The Blender versions that may render it (None: any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blender: Option<VersionReq>,
 }
 
 /// Blender features a job may need, with how messages name them.
@@ -109,7 +113,7 @@ pub const FEATURES: [(&str, &str); 4] = [
     ("openimagedenoise", "OpenImageDenoise"),
     ("optix-denoise", "OptiX denoising"),
     ("osl", "OSL"),
-    ("eevee", "Eevee (a display or EGL)"),
+    ("eevee", "EEVEE"),
 ];
 
 impl Requirements {
@@ -156,6 +160,7 @@ impl Requirements {
             min_vram_bytes: (min_vram_gb * GIB).round() as u64,
             tags,
             features: Vec::new(),
+            blender: None,
         })
     }
 
@@ -175,9 +180,16 @@ impl Requirements {
         Ok(self)
     }
 
-    /// Whether a worker whose Blender has `features` can render the job.
-    pub fn features_met(&self, features: &[String]) -> bool {
-        self.features.iter().all(|f| features.contains(f))
+    /// The runtime of a worker offering `runtimes` that renders the job:
+    /// the newest whose version and features satisfy it.
+    pub fn runtime_for<'a>(&self, runtimes: &'a [Runtime]) -> Option<&'a Runtime> {
+        runtimes
+            .iter()
+            .filter(|r| {
+                self.blender.is_none_or(|req| req.matches(r.version))
+                    && self.features.iter().all(|f| r.features.contains(f))
+            })
+            .max_by_key(|r| r.version)
     }
 
     /// Whether a slot of a worker carrying `tags` can serve the job.
@@ -215,6 +227,9 @@ impl Requirements {
         }
         for t in &self.tags {
             parts.push(format!("tag {t}"));
+        }
+        if let Some(req) = self.blender {
+            parts.push(format!("Blender {req}"));
         }
         for f in &self.features {
             let name = FEATURES

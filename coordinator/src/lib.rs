@@ -8,6 +8,7 @@
 //! - [`blendfile`]: recognising Blender files by their header.
 //! - [`job`], [`task`], [`worker`]: the domain records and their lifecycles.
 //! - [`hardware`]: GPUs, slot capabilities, job requirements, GPU health.
+//! - [`runtime`]: Blender runtimes, versions and version requirements.
 //! - [`farm`]: the domain service (submit, lease, complete, fail, expire); its
 //!   submodules hold jobs, leases, the scheduler, stitching, users, workers and access. and
 //!   who may act for which worker and lease and use which blob.
@@ -62,6 +63,7 @@ pub mod limits;
 pub mod metrics;
 pub mod preview;
 pub mod refs;
+pub mod runtime;
 pub mod s3_blobs;
 pub mod server;
 pub mod stitch;

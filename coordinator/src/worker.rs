@@ -55,6 +55,9 @@ pub struct WorkerRecord {
     /// What its Blender offers (see [`crate::hardware::FEATURES`]).
     #[serde(default)]
     pub features: Vec<String>,
+    /// The Blenders it offers, newest first (see [`crate::runtime`]).
+    #[serde(default)]
+    pub runtimes: Vec<crate::runtime::Runtime>,
     /// The user (token holder) that registered it: only that token may lease,
     /// report or send telemetry for it. Empty for records older than this
     /// field, which no token owns.

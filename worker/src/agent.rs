@@ -38,10 +38,9 @@ pub struct WorkerConfig {
     pub cache: PathBuf,
     /// The slots and what each renders with.
     pub slots: Vec<SlotPlan>,
-    /// Blender's version line, reported to the coordinator.
-    pub blender_version: String,
-    /// What that Blender can render (see [`crate::capabilities`]).
-    pub blender_features: Vec<String>,
+    /// The Blenders it renders with, each with what it can render (see
+    /// [`crate::runtime`]); the coordinator picks one for each task.
+    pub runtimes: Vec<crate::runtime::Offered>,
     /// Render threads per slot (None: all cores).
     pub threads: Option<u32>,
     /// The GPUs (probed, then declared) and where their telemetry comes from.
@@ -303,7 +302,12 @@ async fn register<R: Renderer>(
         name: shared.config.name.clone(),
         slots: plans.len() as u32,
         device: devices_seen.join(","),
-        blender_version: shared.config.blender_version.clone(),
+        blender_version: shared
+            .config
+            .runtimes
+            .first()
+            .map(|o| format!("Blender {}", o.caps.version))
+            .unwrap_or_default(),
         cpu_cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
         previous_id: previous,
         gpus: gpu_messages(&shared.config.hardware, None),
@@ -312,7 +316,24 @@ async fn register<R: Renderer>(
         memory_bytes: memory_bytes(),
         cached_scenes: shared.cache.digests(),
         notes: shared.config.hardware.notes.clone(),
-        blender_features: shared.config.blender_features.clone(),
+        blender_features: shared
+            .config
+            .runtimes
+            .first()
+            .map(|o| o.caps.features.clone())
+            .unwrap_or_default(),
+        runtimes: shared
+            .config
+            .runtimes
+            .iter()
+            .map(|o| pb::BlenderRuntime {
+                version: o.caps.version.clone(),
+                kind: o.runtime.kind.name().into(),
+                path: o.runtime.exe.display().to_string(),
+                features: o.caps.features.clone(),
+                devices: o.caps.devices.clone(),
+            })
+            .collect(),
         price_per_hour: shared.config.price_per_hour,
         capacity: shared.config.capacity.clone(),
         untrusted: shared.config.untrusted,
@@ -649,6 +670,7 @@ async fn execute<R: Renderer>(
         root: root.as_ref().map(|g| g.root.clone()),
         frames: task.frames.clone(),
         out_dir,
+        blender: Some(task.blender.clone()).filter(|b| !b.is_empty()),
         threads: shared.config.threads,
         tile: task.tile.as_ref().and_then(|t| {
             let r = t.rendered.as_ref()?;
@@ -744,11 +766,10 @@ pub enum RenderMode {
     },
 }
 
-/// Runs a worker that renders with the Blender at `blender` in `mode`. The
+/// Runs a worker that renders with its Blender runtimes in `mode`. The
 /// worker makes itself non-dumpable first, so Blender cannot read its memory.
 pub async fn run_blender(
     config: WorkerConfig,
-    blender: PathBuf,
     mode: RenderMode,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), Error> {
@@ -760,7 +781,7 @@ pub async fn run_blender(
         tracing::warn!("cannot hide the worker's memory from Blender: {e}");
     }
     let renderer = crate::session::SessionRenderer::new(crate::session::SessionConfig {
-        blender,
+        runtimes: config.runtimes.clone(),
         dir: config.cache.join("blender"),
         idle,
         reuse,

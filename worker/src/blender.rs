@@ -95,6 +95,9 @@ pub struct RenderRequest {
     /// The job's root, when it has a file set: the scene reads files under
     /// it only, and its absolute references are rewritten into it.
     pub root: Option<crate::fileset::JobRoot>,
+    /// The version of the worker's Blender runtime to render with, as the
+    /// coordinator chose it (None: the first).
+    pub blender: Option<String>,
 }
 
 /// Pins a Blender child to one GPU: CUDA and OptiX see only that device.

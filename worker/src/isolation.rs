@@ -7,7 +7,12 @@
 //!   restricted expressions), whatever the account's preferences say.
 //! - Its environment is rebuilt from a short allow-list ([`blender_env`]):
 //!   nothing named `TESSERA_*`, no token, no coordinator address, no cloud
-//!   credentials; `TMPDIR` points into the worker's cache.
+//!   credentials; `TMPDIR` points into the worker's cache, and Blender's user
+//!   folders (`BLENDER_USER_*`: preferences, scripts, extensions) point to
+//!   empty folders there, so neither kind of runtime loads the account's
+//!   add-ons or startup scripts.
+//! - The `bpy` module runs the same way ([`crate::runtime`]): Python with
+//!   `-I`, factory settings, the scene opened without its Python.
 //! - The worker makes itself non-dumpable ([`hide_worker_memory`]), so a
 //!   process of the same user (Blender) cannot read `/proc/<worker>/environ`
 //!   or `/proc/<worker>/mem`, where the token lives. `/proc/<worker>/cmdline`
@@ -60,17 +65,43 @@ pub fn blender_env(
 ) -> Vec<(OsString, OsString)> {
     let mut env: Vec<(OsString, OsString)> = vars
         .into_iter()
-        .filter(|(k, _)| passes_to_blender(k))
+        .filter(|(k, _)| {
+            passes_to_blender(k) && !k.to_str().is_some_and(|k| k.starts_with("BLENDER_USER_"))
+        })
         .collect();
     for k in ["TMPDIR", "TEMP", "TMP"] {
         env.push((k.into(), tmp.as_os_str().to_owned()));
     }
+    let user = tmp.join("blender-user");
+    for (k, sub) in USER_DIRS {
+        env.push((k.into(), user.join(sub).into_os_string()));
+    }
     env
 }
 
-/// Blender's arguments before the scene's own: no preferences, no stored
-/// Python, background mode.
-pub const BLENDER_FLAGS: &[&str] = &["-b", "--factory-startup", "--disable-autoexec"];
+/// Blender's user folders, each pointed at an empty folder of the worker's.
+const USER_DIRS: [(&str, &str); 5] = [
+    ("BLENDER_USER_RESOURCES", "resources"),
+    ("BLENDER_USER_CONFIG", "config"),
+    ("BLENDER_USER_SCRIPTS", "scripts"),
+    ("BLENDER_USER_DATAFILES", "datafiles"),
+    ("BLENDER_USER_EXTENSIONS", "extensions"),
+];
+
+/// Blender's arguments before the scene's own: background mode, no
+/// preferences, and no stored Python unless `scene_python` (a pool whose
+/// admin allowed it, for a job that asked).
+pub const fn blender_flags(scene_python: bool) -> [&'static str; 3] {
+    [
+        "-b",
+        "--factory-startup",
+        if scene_python {
+            "--enable-autoexec"
+        } else {
+            "--disable-autoexec"
+        },
+    ]
+}
 
 /// Makes this process non-dumpable: processes of the same user can no longer
 /// read its memory or environment through `/proc` or ptrace. Core dumps of
@@ -128,13 +159,22 @@ mod tests {
                 "HOME",
                 "LC_ALL",
                 "CUDA_VISIBLE_DEVICES",
-                "BLENDER_USER_SCRIPTS",
                 "OCIO",
                 "TMPDIR",
                 "TEMP",
-                "TMP"
+                "TMP",
+                "BLENDER_USER_RESOURCES",
+                "BLENDER_USER_CONFIG",
+                "BLENDER_USER_SCRIPTS",
+                "BLENDER_USER_DATAFILES",
+                "BLENDER_USER_EXTENSIONS"
             ]
         );
+        let scripts = env
+            .iter()
+            .find(|(k, _)| k == "BLENDER_USER_SCRIPTS")
+            .unwrap();
+        assert!(Path::new(&scripts.1).starts_with("/cache/tmp/blender/0"));
         assert!(env
             .iter()
             .filter(|(k, _)| k == "TMPDIR")
@@ -143,8 +183,9 @@ mod tests {
 
     #[test]
     fn blender_never_runs_stored_python() {
-        assert!(BLENDER_FLAGS.contains(&"--disable-autoexec"));
-        assert!(BLENDER_FLAGS.contains(&"--factory-startup"));
+        assert!(blender_flags(false).contains(&"--disable-autoexec"));
+        assert!(blender_flags(false).contains(&"--factory-startup"));
+        assert!(blender_flags(true).contains(&"--enable-autoexec"));
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //! - [`metadata`]: Blender's volatile stamps taken out of images, read into render stats.
 //! - [`passes`]: extra outputs of a frame (File Output nodes) and their names.
 //! - [`cache`]: the scene cache, keyed by blake3 digest.
-//! - [`capabilities`]: what this worker's Blender can render (version, denoiser, OSL, Eevee).
+//! - [`capabilities`]: the names of what a Blender can render (denoiser, OSL, EEVEE).
+//! - [`runtime`]: Blender runtimes (a binary, or the `bpy` module): running, installing, probing.
 //! - [`corrupt`]: TESTS ONLY: a worker that changes one pixel of its frames.
 //! - [`fileset`]: job roots built from file sets, and the bounded file cache.
 //! - [`transfer`]: streaming blobs to and from a coordinator (also used by the CLI).
@@ -35,6 +36,7 @@ pub mod image_size;
 pub mod isolation;
 pub mod metadata;
 pub mod passes;
+pub mod runtime;
 pub mod session;
 pub mod slots;
 pub mod transfer;

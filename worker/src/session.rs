@@ -4,8 +4,10 @@
 //! Blender per task, run the same way).
 //!
 //! The worker starts `blender -b --factory-startup --disable-autoexec SCENE
-//! --python-exit-code 3 --python session.py -- --reply-fd 3` with a scrubbed
-//! environment ([`crate::isolation`]), writes one JSON render command per line
+//! --python-exit-code 3 --python session.py -- --reply-fd 3` (or the same
+//! through `blender/bpy_run.py` for a `bpy` runtime, see [`crate::runtime`])
+//! with a scrubbed environment ([`crate::isolation`]), in the runtime the
+//! coordinator chose for the task, writes one JSON render command per line
 //! on Blender's stdin, and reads the answers on a pipe of their own (fd 3 in
 //! Blender), never from Blender's stdout. Stdout and stderr are still read:
 //! they fill the log tail sent with a failure, and error lines printed during
@@ -29,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
-use tokio::process::{Child, ChildStdin, Command};
+use tokio::process::{Child, ChildStdin};
 use tokio::sync::{mpsc, watch};
 
 use crate::blender::{
@@ -56,8 +58,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(600);
 /// How a [`SessionRenderer`] runs Blender.
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
-    /// The Blender executable.
-    pub blender: PathBuf,
+    /// The Blenders this worker offers; a task names the version to use.
+    pub runtimes: Vec<crate::runtime::Offered>,
     /// Where the session script and Blender's temporary folders go.
     pub dir: PathBuf,
     /// Idle time after which a kept session closes.
@@ -72,6 +74,7 @@ pub struct SessionConfig {
 /// One running Blender serving one job on one slot.
 struct Session {
     job: u64,
+    runtime: crate::runtime::Runtime,
     device: crate::blender::Device,
     scene: PathBuf,
     pid: u32,
@@ -370,6 +373,7 @@ fn fresh_passes(
 pub struct SessionRenderer {
     config: SessionConfig,
     script: PathBuf,
+    bpy_run: PathBuf,
     /// Slots whose first session has started (for `fail_first_render`).
     first_started: Mutex<HashSet<u32>>,
     slots: Arc<Mutex<HashMap<u32, Session>>>,
@@ -385,8 +389,10 @@ impl SessionRenderer {
         let script = dir.join("tessera_session.py");
         // remap.py (and deps.py, which it imports) rewrite a file set's
         // absolute references at load; they sit beside the session script.
+        let bpy_run = dir.join("bpy_run.py");
         for (path, text) in [
             (script.clone(), SCRIPT),
+            (bpy_run.clone(), crate::runtime::BPY_RUN),
             (dir.join("remap.py"), REMAP),
             (dir.join("deps.py"), DEPS),
         ] {
@@ -418,6 +424,7 @@ impl SessionRenderer {
         Ok(Self {
             config,
             script,
+            bpy_run,
             first_started: Mutex::default(),
             slots,
         })
@@ -429,7 +436,7 @@ impl SessionRenderer {
         req: &RenderRequest,
         stop: &mut watch::Receiver<bool>,
     ) -> Result<Session, RenderFailure> {
-        let blender = &self.config.blender;
+        let runtime = self.runtime_for(req)?;
         let disk = |what: String| failure(Kind::WorkerDisk, what, "", String::new());
         let tmp = self
             .config
@@ -442,26 +449,21 @@ impl SessionRenderer {
             std::io::pipe().map_err(|e| disk(format!("cannot create a pipe for Blender: {e}")))?;
         let fail_renders =
             self.config.fail_first_render && self.first_started.lock().unwrap().insert(req.slot);
-        let mut cmd = Command::new(blender);
-        cmd.args(crate::isolation::BLENDER_FLAGS)
-            .arg(&req.scene)
-            .args(["--python-exit-code", "3", "--python"])
-            .arg(&self.script)
-            .args([
-                "--",
-                "--reply-fd",
-                "3",
-                "--cycles-device",
-                req.device.cycles_name(),
-            ])
-            .args(fail_renders.then_some("--fail-first-render"))
-            .args(root_args(req, &tmp).map_err(disk)?)
-            .env_clear()
-            .envs(crate::isolation::blender_env(std::env::vars_os(), &tmp))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+        let mut cmd = runtime.command(Some(&req.scene), &self.script, &self.bpy_run, false);
+        cmd.args([
+            "--reply-fd",
+            "3",
+            "--cycles-device",
+            req.device.cycles_name(),
+        ])
+        .args(fail_renders.then_some("--fail-first-render"))
+        .args(root_args(req, &tmp).map_err(disk)?)
+        .env_clear()
+        .envs(crate::isolation::blender_env(std::env::vars_os(), &tmp))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
         {
             use std::os::fd::AsRawFd;
             child_setup(&mut cmd, Some(writer.as_raw_fd()));
@@ -471,7 +473,7 @@ impl SessionRenderer {
         let mut child = cmd.spawn().map_err(|e| {
             failure(
                 Kind::WorkerDisk,
-                format!("cannot start Blender `{}`: {e}", blender.display()),
+                format!("cannot start Blender ({}): {e}", runtime.describe()),
                 "",
                 String::new(),
             )
@@ -498,6 +500,7 @@ impl SessionRenderer {
         });
         let mut session = Session {
             job: req.job,
+            runtime: runtime.clone(),
             device: req.device,
             scene: req.scene.clone(),
             pid,
@@ -570,6 +573,32 @@ impl SessionRenderer {
             "Blender session started"
         );
         Ok(session)
+    }
+}
+
+impl SessionRenderer {
+    /// The runtime the task asks for (by version), or the first one when it
+    /// names none (a coordinator that does not choose).
+    fn runtime_for(&self, req: &RenderRequest) -> Result<crate::runtime::Runtime, RenderFailure> {
+        let offered = &self.config.runtimes;
+        let found = match req.blender.as_deref() {
+            None | Some("") => offered.first(),
+            Some(v) => offered.iter().find(|o| o.caps.version == v),
+        };
+        found.map(|o| o.runtime.clone()).ok_or_else(|| {
+            let have: Vec<&str> = offered.iter().map(|o| o.caps.version.as_str()).collect();
+            failure(
+                Kind::WorkerDisk,
+                format!(
+                    "this worker has no Blender {} (it offers {}); restart it with `--blender {}`",
+                    req.blender.as_deref().unwrap_or("?"),
+                    have.join(", "),
+                    req.blender.as_deref().unwrap_or("?"),
+                ),
+                "",
+                String::new(),
+            )
+        })
     }
 }
 
@@ -658,7 +687,13 @@ impl Renderer for SessionRenderer {
         let reusable = match held {
             Some(mut s) => {
                 let alive = s.child.try_wait().ok().flatten().is_none();
-                if alive && s.job == req.job && s.scene == req.scene && s.device == req.device {
+                let same_runtime = self.runtime_for(&req).is_ok_and(|r| r == s.runtime);
+                if alive
+                    && s.job == req.job
+                    && s.scene == req.scene
+                    && s.device == req.device
+                    && same_runtime
+                {
                     Some(s)
                 } else {
                     s.close(if alive {

@@ -104,8 +104,20 @@ impl Farm {
             .filter(|w| self.available(st, w, now) && capable(job, w))
             .collect();
         if usable.is_empty() {
+            let versions = match job.requirements.blender {
+                Some(_) => format!(
+                    " (the farm's Blenders: {})",
+                    crate::runtime::versions(
+                        st.workers
+                            .values()
+                            .filter(|w| self.available(st, w, now))
+                            .flat_map(|w| &w.runtimes)
+                    )
+                ),
+                None => String::new(),
+            };
             return Some(format!(
-                "waiting: no available worker with {}",
+                "waiting: no available worker with {}{versions}",
                 job.requirements.describe()
             ));
         }

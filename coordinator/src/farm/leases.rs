@@ -49,7 +49,7 @@ impl Farm {
         let record = &st.workers[worker];
         let cap = record.slot_cap(slot);
         let tags = record.tags.clone();
-        let features = record.features.clone();
+        let runtimes = record.runtimes.clone();
         let capacity = record.capacity;
         let available = |w: &WorkerRecord| self.available(st, w, now);
         let online = || st.workers.values().filter(|w| self.online(w, now)).count();
@@ -62,7 +62,7 @@ impl Farm {
                 slot: &cap,
                 tags: &tags,
                 available: &available,
-                features: &features,
+                runtimes: &runtimes,
                 capacity,
             },
             &online,
@@ -93,6 +93,7 @@ impl Farm {
             }),
             device: job.requirements.device_for(&cap),
             file_set: job.file_set,
+            blender: job.requirements.runtime_for(&runtimes).map(|r| r.version),
         };
         let ticket = self.save(st, job, vec![task], Vec::new());
         Self::note_grant(st, lease, worker);

@@ -14,8 +14,8 @@ pub(super) struct Asker<'a> {
     pub(super) tags: &'a [String],
     /// Whether a worker takes work now (online, not drained).
     pub(super) available: &'a dyn Fn(&WorkerRecord) -> bool,
-    /// What the worker's Blender offers.
-    pub(super) features: &'a [String],
+    /// The Blenders the worker offers.
+    pub(super) runtimes: &'a [crate::runtime::Runtime],
     /// How the worker's capacity is bought.
     pub(super) capacity: crate::usage::Capacity,
 }
@@ -23,7 +23,7 @@ pub(super) struct Asker<'a> {
 /// Whether any slot of `w` can render `job`.
 pub(super) fn capable(job: &Job, w: &WorkerRecord) -> bool {
     job.capacity.accepts(w.capacity)
-        && job.requirements.features_met(&w.features)
+        && job.requirements.runtime_for(&w.runtimes).is_some()
         && (0..w.slots).any(|s| job.requirements.satisfied_by(&w.slot_cap(s), &w.tags))
 }
 
@@ -106,7 +106,7 @@ pub(super) fn pick(
         slot,
         tags,
         available,
-        features,
+        runtimes,
         capacity,
     } = *asker;
     let mut group: Option<i32> = None;
@@ -119,7 +119,7 @@ pub(super) fn pick(
         }
         let job = &st.jobs[&id];
         if !job.requirements.satisfied_by(slot, tags)
-            || !job.requirements.features_met(features)
+            || job.requirements.runtime_for(runtimes).is_none()
             || !job.capacity.accepts(capacity)
             || !may_serve(st, job, worker, block_after, available)
             || verification::barred(job, st.workers.get(worker))

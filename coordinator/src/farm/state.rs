@@ -399,7 +399,7 @@ impl State {
                 break;
             }
             let fits = self.workers.get(&w.worker).is_some_and(|r| {
-                job.requirements.features_met(&r.features)
+                job.requirements.runtime_for(&r.runtimes).is_some()
                     && job.requirements.satisfied_by(&r.slot_cap(w.slot), &r.tags)
             });
             if fits {

@@ -91,8 +91,11 @@ impl Farm {
         } else {
             (0, 0, Vec::new())
         };
-        let requirements = Requirements::parse(&sub.device, sub.min_vram_gb, &sub.tags)?
+        let mut requirements = Requirements::parse(&sub.device, sub.min_vram_gb, &sub.tags)?
             .with_features(&sub.features)?;
+        if !sub.blender.trim().is_empty() {
+            requirements.blender = Some(crate::runtime::VersionReq::parse(&sub.blender)?);
+        }
         crate::preview::scene_fps(sub.scene_info.as_ref().map(|i| i.fps))?;
         Ok(Plan {
             frames,
@@ -131,8 +134,12 @@ impl Farm {
                 sub.scene
             )));
         }
-        let head = self.blobs.read_range(&sub.scene, 0, 12)?;
         let size = self.blobs.size(&sub.scene).unwrap_or(0);
+        let head = self.blobs.read_range(
+            &sub.scene,
+            0,
+            crate::blendfile::COMPRESSED_HEAD.min(size as usize),
+        )?;
         let tail_at = size.saturating_sub(crate::blendfile::TAIL as u64);
         let tail = self
             .blobs
@@ -140,7 +147,9 @@ impl Farm {
         if let Err(e) = crate::blendfile::check_end(&head, &tail) {
             return Err(Error::invalid(format!("scene {} {e}", sub.scene_name)));
         }
-        let plan = self.plan(&sub)?;
+        let mut plan = self.plan(&sub)?;
+        let saved = crate::blendfile::saved_version(&head).ok();
+        self.check_blender(&mut plan.requirements, saved, &sub.scene_name)?;
         let after = self.check_after(None, &sub.after)?;
         if let Some(m) = sub.max_cost {
             pipeline::check_budget(m)?;
@@ -303,4 +312,38 @@ pub(super) fn initial_tasks(job: &Job) -> Result<Vec<Task>, Error> {
         }
     }
     Ok(tasks)
+}
+
+impl Farm {
+    /// Gives a job without an explicit `--blender` the version its scene was
+    /// saved with (that line or newer within its major), and refuses a scene
+    /// saved by a newer Blender than any worker has, naming the versions the
+    /// farm has. A farm with no workers yet refuses nothing: the job waits.
+    fn check_blender(
+        &self,
+        req: &mut Requirements,
+        saved: Option<(u16, u16)>,
+        scene_name: &str,
+    ) -> Result<(), Error> {
+        let Some((major, minor)) = saved else {
+            return Ok(());
+        };
+        if req.blender.is_none() {
+            req.blender = Some(crate::runtime::VersionReq::saved_by(major, minor));
+        }
+        let st = self.lock();
+        let runtimes: Vec<&crate::runtime::Runtime> =
+            st.workers.values().flat_map(|w| &w.runtimes).collect();
+        let newest = runtimes
+            .iter()
+            .map(|r| (r.version.major, r.version.minor))
+            .max();
+        if newest.is_some_and(|n| n < (major, minor)) {
+            return Err(Error::invalid(format!(
+                "{scene_name} was saved by Blender {major}.{minor}, newer than every Blender on the farm ({}); add a worker with `tessera worker --blender {major}.{minor}`, or save the scene with one of those",
+                crate::runtime::versions(runtimes)
+            )));
+        }
+        Ok(())
+    }
 }

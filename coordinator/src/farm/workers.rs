@@ -27,6 +27,7 @@ impl Farm {
         let old = st.workers.get(&id);
         // A worker coming back keeps what it was caught doing.
         let suspect = verification::inherited_suspicion(&st, old, &reg.owner, &reg.name);
+        let runtimes = runtimes(&reg);
         let record = WorkerRecord {
             id: id.clone(),
             name: reg
@@ -48,6 +49,7 @@ impl Farm {
             tags: reg.tags,
             memory_bytes: reg.memory_bytes,
             notes: reg.notes,
+            runtimes,
             features: reg.features,
             owner: reg.owner,
             price_per_hour: crate::usage::check_price(reg.price_per_hour)?,
@@ -147,4 +149,31 @@ impl Farm {
         drop(st);
         ticket.wait()
     }
+}
+
+/// The Blenders a worker offers, newest first: as it listed them, or the one
+/// its version line and features describe (a worker that lists none). A
+/// worker whose Blender version is unknown offers none that a version
+/// requirement accepts.
+fn runtimes(reg: &Registration) -> Vec<crate::runtime::Runtime> {
+    let mut list = reg.runtimes.clone();
+    if list.is_empty() {
+        let version = crate::runtime::Version::parse(&reg.blender_version).unwrap_or(
+            crate::runtime::Version {
+                major: 0,
+                minor: 0,
+                patch: 0,
+            },
+        );
+        list.push(crate::runtime::Runtime {
+            version,
+            kind: "blender".into(),
+            path: String::new(),
+            features: reg.features.clone(),
+            devices: Vec::new(),
+        });
+    }
+    list.sort_by(|a, b| b.version.cmp(&a.version));
+    list.truncate(16);
+    list
 }

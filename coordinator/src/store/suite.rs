@@ -120,6 +120,7 @@ fn worker(id: &str) -> WorkerRecord {
         memory_bytes: 1 << 30,
         notes: Vec::new(),
         features: Vec::new(),
+        runtimes: Vec::new(),
         owner: "render".into(),
         price_per_hour: 2.1,
         capacity: crate::usage::Capacity::Spot,
