@@ -23,6 +23,16 @@ Options (after `--`):
                                            a file outside the job that may well exist)
     --file-output DIR                     (any kind: a compositor File Output node writing the image
                                            and the alpha, slots "Image" and "aov/alpha_", to DIR)
+    --denoise                             (any kind: denoising on with OpenImageDenoise, as Blender's
+                                           default scene has it; needs a Blender built with it)
+    --eevee                               (any kind: the EEVEE engine instead of Cycles, with
+                                           --samples TAA samples)
+    --texture PATH                        (any kind: a checker image written to PATH, which may be
+                                           in a folder whose name has spaces, used by the sphere's
+                                           material and saved //-relative)
+
+Also runs in the `bpy` module (through blender/bpy_run.py): the scene is then
+saved by that Blender (4.5's header reads BLENDER-v405).
 
 Every scene: Cycles on the CPU, denoising off everywhere, dither 0, a camera,
 a sun light, a world colour and a few objects with Principled BSDF materials.
@@ -64,6 +74,9 @@ def parse_args():
     p.add_argument("--missing-texture", default=None, metavar="PATH")
     p.add_argument("--external-texture", default=None, metavar="PATH")
     p.add_argument("--file-output", default=None, metavar="DIR")
+    p.add_argument("--denoise", action="store_true")
+    p.add_argument("--eevee", action="store_true")
+    p.add_argument("--texture", default=None, metavar="PATH")
     return p.parse_args(argv)
 
 
@@ -377,13 +390,7 @@ def add_failure(scene, mode, objs):
         drv.use_self = False
     elif mode == "denoise":
         # Denoising on, but this Blender build has no OpenImageDenoise.
-        scene.cycles.use_denoising = True
-        try:
-            scene.cycles.denoiser = "OPENIMAGEDENOISE"
-        except TypeError:
-            pass  # the enum is empty when Blender was built without any denoiser
-        for vl in scene.view_layers:
-            vl.cycles.use_denoising = True
+        use_denoising(scene)
     elif mode == "fileout":
         # Compositor File Output node into an unwritable location.
         scene.use_nodes = True
@@ -405,6 +412,47 @@ def add_failure(scene, mode, objs):
         )
 
 
+def use_denoising(scene):
+    """Denoising on with OpenImageDenoise, on the scene and every view layer."""
+    scene.cycles.use_denoising = True
+    try:
+        scene.cycles.denoiser = "OPENIMAGEDENOISE"
+    except TypeError:
+        pass  # the enum is empty when Blender was built without any denoiser
+    for vl in scene.view_layers:
+        vl.cycles.use_denoising = True
+
+
+def use_eevee(scene, samples):
+    """The EEVEE engine: BLENDER_EEVEE_NEXT in 4.2-4.x, BLENDER_EEVEE before and in 5.0."""
+    engines = [e.identifier for e in
+               bpy.types.RenderSettings.bl_rna.properties["engine"].enum_items]
+    scene.render.engine = ("BLENDER_EEVEE_NEXT" if "BLENDER_EEVEE_NEXT" in engines
+                           else "BLENDER_EEVEE")
+    scene.eevee.taa_render_samples = samples
+
+
+def add_texture(objs, path):
+    """A 16x16 checker written to `path`, used as the sphere's base colour."""
+    path = os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    img = bpy.data.images.new("Checker", 16, 16)
+    px = []
+    for y in range(16):
+        for x in range(16):
+            on = (x // 4 + y // 4) % 2
+            px.extend((0.9, 0.2, 0.1, 1.0) if on else (0.1, 0.3, 0.9, 1.0))
+    img.pixels = px
+    img.filepath_raw = path
+    img.file_format = "PNG"
+    img.save()
+    sphere = objs["sphere"]
+    nt = sphere.data.materials[0].node_tree
+    tex = nt.nodes.new("ShaderNodeTexImage")
+    tex.image = img
+    nt.links.new(tex.outputs["Color"], nt.nodes.get("Principled BSDF").inputs["Base Color"])
+
+
 def main():
     args = parse_args()
     clear_scene()
@@ -424,6 +472,12 @@ def main():
         add_missing_texture(objs, args.missing_texture or args.external_texture)
     if args.file_output:
         add_file_output(scene, args.file_output)
+    if args.denoise:
+        use_denoising(scene)
+    if args.eevee:
+        use_eevee(scene, args.samples)
+    if args.texture:
+        add_texture(objs, args.texture)
     scene.frame_set(1)
     out = os.path.abspath(args.out)
     os.makedirs(os.path.dirname(out), exist_ok=True)

@@ -111,8 +111,20 @@ pub async fn local(blender: &Path) -> Result<Vec<Local>> {
     }
 }
 
-/// The version of a runtime: `blender --version`, or the `bpy` package's.
+/// The version of a runtime: `blender --version`, or the `bpy` package's;
+/// remembered while the executable is unchanged, so that submitting again
+/// starts no Blender.
 async fn version_of(r: &Runtime) -> Result<Version> {
+    let key = format!("{}\0{:?}", r.exe.display(), crate::fileset::stamp(&r.exe));
+    let file = crate::fileset::cache_dir().map(|d| d.join("blender-versions.json"));
+    let mut known: std::collections::BTreeMap<String, String> = file
+        .as_ref()
+        .and_then(|f| std::fs::read(f).ok())
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    if let Some(v) = known.get(&key).and_then(|v| Version::parse(v)) {
+        return Ok(v);
+    }
     let line = match r.kind {
         rt::Kind::Binary => tessera_worker::blender::blender_version(&r.exe)
             .await
@@ -131,7 +143,14 @@ async fn version_of(r: &Runtime) -> Result<Version> {
             String::from_utf8_lossy(&out.stdout).trim().to_string()
         }
     };
-    Version::parse(&line).with_context(|| format!("{} printed no Blender version", r.describe()))
+    let version = Version::parse(&line)
+        .with_context(|| format!("{} printed no Blender version", r.describe()))?;
+    if let Some(f) = file {
+        known.insert(key, version.to_string());
+        let _ = std::fs::create_dir_all(f.parent().unwrap_or(Path::new(".")));
+        let _ = serde_json::to_vec(&known).map(|b| std::fs::write(f, b));
+    }
+    Ok(version)
 }
 
 /// The Blender version (major, minor) that saved `scene`, from its header.

@@ -129,6 +129,21 @@ pub fn job(j: &pb::JobView) {
             j.tags.join(", ")
         );
     }
+    if !j.blender.is_empty() || !j.features.is_empty() {
+        println!(
+            "  blender   {}{}",
+            if j.blender.is_empty() {
+                "any"
+            } else {
+                &j.blender
+            },
+            if j.features.is_empty() {
+                String::new()
+            } else {
+                format!(" with {}", j.features.join(", "))
+            }
+        );
+    }
     if !j.after.is_empty() {
         let deps: Vec<String> = j.after.iter().map(u64::to_string).collect();
         println!(
@@ -250,6 +265,27 @@ pub fn job(j: &pb::JobView) {
     crate::show_verify::job(j);
 }
 
+/// A worker's Blenders: `4.5.15 bpy (openimagedenoise, eevee) · 3.4.1`.
+fn blenders(w: &pb::WorkerView) -> String {
+    if w.runtimes.is_empty() {
+        return w.blender_version.clone();
+    }
+    w.runtimes
+        .iter()
+        .map(|r| {
+            let mut what = r.features.clone();
+            what.extend(r.devices.iter().cloned());
+            let kind = if r.kind == "bpy" { " bpy" } else { "" };
+            if what.is_empty() {
+                format!("{}{kind}", r.version)
+            } else {
+                format!("{}{kind} ({})", r.version, what.join(", "))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" · ")
+}
+
 /// The workers table.
 pub fn workers(workers: &[pb::WorkerView]) {
     if workers.is_empty() {
@@ -273,7 +309,7 @@ pub fn workers(workers: &[pb::WorkerView]) {
                 w.tasks_failed.to_string(),
                 w.device.clone(),
                 w.tags.join(","),
-                w.blender_version.clone(),
+                blenders(w),
                 age(w.last_seen_ms),
             ]
         })

@@ -431,6 +431,8 @@ impl Farm {
 #[cfg(test)]
 mod pipeline_tests;
 #[cfg(test)]
+mod runtime_tests;
+#[cfg(test)]
 mod scale_tests;
 #[cfg(test)]
 mod tests;

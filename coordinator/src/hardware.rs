@@ -228,9 +228,6 @@ impl Requirements {
         for t in &self.tags {
             parts.push(format!("tag {t}"));
         }
-        if let Some(req) = self.blender {
-            parts.push(format!("Blender {req}"));
-        }
         for f in &self.features {
             let name = FEATURES
                 .iter()

@@ -329,7 +329,10 @@ function workerCard(w) {
         : "nothing"),
       h("dt", {}, "device"), h("dd", {}, w.device + (w.tags.length ? " · tags " + w.tags.join(",") : "")),
       h("dt", {}, "tasks"), h("dd", {}, w.tasks_done + " done, " + w.tasks_failed + " failed"),
-      h("dt", {}, "blender"), h("dd", {}, w.blender),
+      h("dt", {}, "blender"), h("dd", { "data-runtimes": "" }, (w.runtimes || []).length
+        ? w.runtimes.map((r) => r.version + (r.kind === "bpy" ? " (bpy)" : "")
+            + ((r.features.length || r.devices.length) ? ": " + r.features.concat(r.devices).join(", ") : "")).join(" · ")
+        : w.blender),
       h("dt", {}, "cpu"), h("dd", {}, w.cpu_cores + " cores, " + gib(w.memory_bytes)),
       h("dt", {}, "last seen"), h("dd", {}, duration(Date.now() - w.last_seen_ms) + " ago")),
     gpus);

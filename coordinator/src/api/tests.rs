@@ -464,6 +464,7 @@ async fn check_says_how_a_job_splits_and_why_it_would_wait_and_creates_nothing()
     );
     t.farm
         .register(Registration {
+            blender_version: "Blender 3.4.1".into(),
             name: "w".into(),
             slots: 1,
             ..Default::default()

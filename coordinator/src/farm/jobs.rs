@@ -104,22 +104,7 @@ impl Farm {
             .filter(|w| self.available(st, w, now) && capable(job, w))
             .collect();
         if usable.is_empty() {
-            let versions = match job.requirements.blender {
-                Some(_) => format!(
-                    " (the farm's Blenders: {})",
-                    crate::runtime::versions(
-                        st.workers
-                            .values()
-                            .filter(|w| self.available(st, w, now))
-                            .flat_map(|w| &w.runtimes)
-                    )
-                ),
-                None => String::new(),
-            };
-            return Some(format!(
-                "waiting: no available worker with {}{versions}",
-                job.requirements.describe()
-            ));
+            return Some(self.no_worker_for(st, job, now));
         }
         if let Some(why) = self.verify_waiting(st, job, &usable) {
             return Some(why);
@@ -415,5 +400,34 @@ impl Farm {
             }
         }
         n
+    }
+}
+
+impl Farm {
+    /// Why no available worker can render `job`: its requirements, and,
+    /// when no available worker has a Blender of the version it asks for,
+    /// that version and the farm's.
+    fn no_worker_for(&self, st: &State, job: &Job, now: u64) -> String {
+        let mut what = job.requirements.describe();
+        if let Some(req) = job.requirements.blender {
+            let available: Vec<&WorkerRecord> = st
+                .workers
+                .values()
+                .filter(|w| self.available(st, w, now))
+                .collect();
+            let runtimes = available.iter().flat_map(|w| &w.runtimes);
+            if !runtimes.clone().any(|r| req.matches(r.version)) {
+                what = format!(
+                    "{} Blender {req} (the farm's Blenders: {})",
+                    if what == "any slot" {
+                        "a".to_string()
+                    } else {
+                        format!("{what} and a")
+                    },
+                    crate::runtime::versions(runtimes)
+                );
+            }
+        }
+        format!("waiting: no available worker with {what}")
     }
 }

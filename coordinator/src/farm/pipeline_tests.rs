@@ -7,6 +7,7 @@ use crate::usage::{AttemptEnd, Capacity, CapacityPref};
 
 fn priced(farm: &Farm, name: &str, price: f64, capacity: Capacity) -> WorkerId {
     farm.register(Registration {
+        blender_version: "Blender 3.4.1".into(),
         name: name.into(),
         slots: 1,
         price_per_hour: price,

@@ -84,6 +84,7 @@ pub(super) fn sub(scene: Digest, frames: &str, chunk: u32) -> Submission {
         owner: "alice".into(),
         file_set: None,
         features: Vec::new(),
+        blender: String::new(),
         preview: false,
         verify: 0.0,
     }
@@ -91,6 +92,7 @@ pub(super) fn sub(scene: Digest, frames: &str, chunk: u32) -> Submission {
 
 pub(super) fn worker(farm: &Farm, name: &str) -> WorkerId {
     farm.register(Registration {
+        blender_version: "Blender 3.4.1".into(),
         name: name.into(),
         slots: 1,
         ..Default::default()
@@ -431,6 +433,7 @@ fn a_hot_gpu_drains_the_worker_and_requirements_pick_slots() {
     let (w, _) = f
         .farm
         .register(Registration {
+            blender_version: "Blender 3.4.1".into(),
             name: "gpu".into(),
             slots: 1,
             gpus: vec![gpu(60)],

@@ -73,6 +73,7 @@ fn submission(scene: Digest, frames: &str, tiles: &str) -> Submission {
         owner: "alice".into(),
         file_set: None,
         features: Vec::new(),
+        blender: String::new(),
         preview: false,
         verify: 0.0,
     }
@@ -80,6 +81,7 @@ fn submission(scene: Digest, frames: &str, tiles: &str) -> Submission {
 
 fn worker(farm: &Farm, name: &str) -> WorkerId {
     farm.register(Registration {
+        blender_version: "Blender 3.4.1".into(),
         name: name.into(),
         slots: 1,
         ..Default::default()
@@ -532,6 +534,7 @@ fn a_job_goes_only_to_workers_whose_blender_has_what_it_needs() {
     let (denoiser, _) = f
         .farm
         .register(Registration {
+            blender_version: "Blender 3.4.1".into(),
             name: "oidn".into(),
             slots: 1,
             features: vec!["openimagedenoise".into()],

@@ -138,6 +138,7 @@ fn a_mismatch_goes_to_a_third_worker_and_the_odd_one_is_suspect() {
     assert_eq!(rec.record.suspect.len(), 1);
     let (back, _) = again
         .register(Registration {
+            blender_version: "Blender 3.4.1".into(),
             name: "bad".into(),
             slots: 1,
             previous: Some(bad.clone()),
@@ -151,6 +152,7 @@ fn a_mismatch_goes_to_a_third_worker_and_the_odd_one_is_suspect() {
     // same suspicion. Another name starts clean.
     let (fresh, _) = again
         .register(Registration {
+            blender_version: "Blender 3.4.1".into(),
             name: "bad".into(),
             slots: 1,
             ..Default::default()
@@ -223,6 +225,7 @@ fn untrusted_workers_are_verified_at_the_coordinators_fraction() {
     let job = farm.submit(sub(f.scene, "1-2", 1)).unwrap();
     let rented = farm
         .register(Registration {
+            blender_version: "Blender 3.4.1".into(),
             name: "rented".into(),
             slots: 1,
             untrusted: true,

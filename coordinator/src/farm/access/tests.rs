@@ -70,6 +70,7 @@ fn upload(farm: &Farm, blobs: &MemoryBlobStore, who: &Identity, bytes: &[u8]) ->
 
 fn register(farm: &Farm, owner: &str, previous: Option<&WorkerId>) -> Result<WorkerId, Error> {
     farm.register(Registration {
+        blender_version: "Blender 3.4.1".into(),
         name: owner.into(),
         slots: 1,
         previous: previous.cloned(),
@@ -100,6 +101,7 @@ fn submit(f: &Fixture, owner: &str, frames: &str) -> JobId {
             owner: owner.into(),
             file_set: None,
             features: Vec::new(),
+            blender: String::new(),
             preview: false,
             verify: 0.0,
         })
@@ -231,6 +233,7 @@ fn registrations_and_slots_are_capped_per_token() {
     let err = f
         .farm
         .register(Registration {
+            blender_version: "Blender 3.4.1".into(),
             slots: 5,
             owner: "render-01".into(),
             ..Default::default()
@@ -341,6 +344,7 @@ fn missing_blobs_reveals_nothing_and_uploads_prove_possession() {
         owner: owner.name.clone(),
         file_set: None,
         features: Vec::new(),
+        blender: String::new(),
         preview: false,
         verify: 0.0,
     };
@@ -427,6 +431,7 @@ fn a_job_names_only_file_sets_and_files_its_submitter_uploaded() {
         owner: owner.name.clone(),
         file_set: Some(set),
         features: Vec::new(),
+        blender: String::new(),
         preview: false,
         verify: 0.0,
     };
@@ -504,6 +509,7 @@ fn a_scene_over_the_pixel_limit_is_refused_at_submit() {
         owner: "alice".into(),
         file_set: None,
         features: Vec::new(),
+        blender: String::new(),
         preview: false,
         verify: 0.0,
     };
