@@ -50,6 +50,8 @@ pub struct WorkerConfig {
     pub tags: Vec<String>,
     /// Most bytes of job files kept in the cache (least recently used go first).
     pub cache_max_bytes: u64,
+    /// Most bytes of copies in one job root (files that cannot be linked).
+    pub max_root_bytes: u64,
     /// Where this machine sees the studio's shared storage: (artist's
     /// prefix, local folder), for jobs submitted with `--shared`.
     pub path_map: Vec<(String, PathBuf)>,
@@ -239,6 +241,7 @@ pub async fn run<R: Renderer>(
     let files = crate::fileset::FileCache::open(
         &config.cache.join("files"),
         config.cache_max_bytes,
+        config.max_root_bytes,
         config.path_map.clone(),
     )?;
     let plans = std::sync::Mutex::new(config.slots.clone());
