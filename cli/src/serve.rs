@@ -52,6 +52,7 @@ pub fn coordinator_config(a: &CoordinatorArgs) -> Result<tessera_coordinator::Co
 }
 
 pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
+    warn_if_few_files();
     let config = coordinator_config(&args)?;
     let tls = tls_files(&args)?;
     if !(args.preview_timeout.is_finite() && args.preview_timeout > 0.0) {
@@ -368,4 +369,24 @@ fn physical_memory() -> u64 {
             Some(kib * 1024)
         })
         .unwrap_or(0)
+}
+
+/// Descriptors under which a coordinator warns at start: every connection
+/// holds one, and at 1,024 a thousand idle connections stop it serving.
+const FEW_FILES: u64 = 8192;
+
+/// Warns when the process may open few files (`ulimit -n`), and says how to
+/// raise it.
+fn warn_if_few_files() {
+    let soft = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|l| {
+            let line = l.lines().find(|l| l.starts_with("Max open files"))?;
+            line.split_whitespace().nth(3)?.parse::<u64>().ok()
+        });
+    if let Some(n) = soft.filter(|n| *n < FEW_FILES) {
+        tracing::warn!(
+            "this coordinator may open only {n} files (ulimit -n), and every connection takes one: raise it to at least {FEW_FILES} (LimitNOFILE= in its systemd unit, or `ulimit -n 65536`)"
+        );
+    }
 }

@@ -251,6 +251,9 @@ pub struct Assignment {
     pub device: Device,
     /// The job's file set blob, when it has one.
     pub file_set: Option<Digest>,
+    /// The coordinator's `--max-pixels`, for the worker to check the
+    /// scene's real output size against.
+    pub max_pixels: crate::limits::PixelLimit,
 }
 
 /// What a worker says about itself when it registers.

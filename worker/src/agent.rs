@@ -653,6 +653,8 @@ async fn execute<R: Renderer>(
         frames: task.frames.clone(),
         out_dir,
         threads: shared.config.threads,
+        max_pixels: (task.max_width > 0 && task.max_height > 0)
+            .then_some((task.max_width, task.max_height)),
         tile: task.tile.as_ref().and_then(|t| {
             let r = t.rendered.as_ref()?;
             Some(crate::blender::TileRender {

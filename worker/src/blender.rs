@@ -95,6 +95,8 @@ pub struct RenderRequest {
     /// The job's root, when it has a file set: the scene reads files under
     /// it only, and its absolute references are rewritten into it.
     pub root: Option<crate::fileset::JobRoot>,
+    /// The coordinator's pixel limit (`--max-pixels` W, H), if it sent one.
+    pub max_pixels: Option<(u32, u32)>,
 }
 
 /// Pins a Blender child to one GPU: CUDA and OptiX see only that device.
