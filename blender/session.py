@@ -651,7 +651,12 @@ def main():
         replier.send({"event": "ready", "pid": os.getpid(), "blender": bpy.app.version_string,
                       "outside": outside, "newer": newer_file(),
                       "scripts_skipped": skipped or None,
-                      "engine": session.scene.render.engine})
+                      "engine": session.scene.render.engine,
+                      # The real output size, for the worker's pixel limit.
+                      "width": session.scene.render.resolution_x
+                      * session.scene.render.resolution_percentage // 100,
+                      "height": session.scene.render.resolution_y
+                      * session.scene.render.resolution_percentage // 100})
         session.serve(sys.stdin)
     finally:
         if tee is not None:

@@ -201,9 +201,9 @@ pub async fn submit(c: &mut Client, dir: &Path, args: &JobArgs, preview: bool) -
     let job = m.job;
     let frames = args.frames.clone().unwrap_or(job.frames);
     client::check_frames(&frames)?;
-    let mut cache = fileset::HashCache::load();
-    let entries = fileset::hash_all(&layout, &mut cache, false).await?;
-    cache.save();
+    // The check is the point: hash the bytes, never trust a size and mtime
+    // that an edit can restore.
+    let entries = fileset::hash_all(&layout, &mut fileset::HashCache::none(), false).await?;
     for (e, want) in entries.iter().zip(layout.files.iter().map(|(rel, _)| {
         m.file_set
             .files

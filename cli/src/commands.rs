@@ -85,9 +85,19 @@ async fn users(url: &Access, cmd: UsersCommand) -> Result<()> {
     Ok(())
 }
 
+/// Whether `--token` was given as an argument rather than by the environment
+/// or a file.
+pub fn token_on_command_line() -> bool {
+    std::env::args().any(|a| a == "--token" || a.starts_with("--token="))
+}
+
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> Result<()> {
     let url = access(&cli.coordinator, cli.token.clone(), cli.ca.as_deref())?;
+    if token_on_command_line() && !matches!(cli.command, Command::Worker(_)) {
+        // The worker says so in its log, with its own advice (--token-file).
+        eprintln!("warning: the token is on the command line, where any process on this machine can read it (/proc/PID/cmdline); set $TESSERA_TOKEN or put it in ~/.config/tessera/token");
+    }
     let one_shot = !matches!(
         cli.command,
         Command::Coordinator(_) | Command::Worker(_) | Command::Hash { .. } | Command::Render(_)

@@ -406,6 +406,12 @@ impl HashCache {
         }
     }
 
+    /// An empty cache that is never saved: every file is read and hashed,
+    /// for checks that must not trust a size and mtime.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
     /// Saves the cache if anything changed; failures only cost speed.
     pub fn save(&self) {
         let Some(path) = self.path.as_ref().filter(|_| self.changed) else {
@@ -654,8 +660,9 @@ pub fn features(trace: &Trace) -> Vec<String> {
     out
 }
 
-/// `tessera hash`: one JSON line per file, `{"path", "digest", "size"}`,
-/// with the same hash cache as `submit` (an unchanged file is not read again).
+/// `tessera hash`: one JSON line per file, `{"path", "digest", "size"}`.
+/// Every file is read: the add-on writes bundle manifests with it, and a
+/// manifest must say what the bytes are, not what a cache remembers.
 pub async fn hash_command(mut files: Vec<PathBuf>, stdin: bool) -> Result<()> {
     if stdin {
         let mut text = String::new();
@@ -670,9 +677,7 @@ pub async fn hash_command(mut files: Vec<PathBuf>, stdin: bool) -> Result<()> {
             .collect(),
         ..Default::default()
     };
-    let mut cache = HashCache::load();
-    let entries = hash_all(&layout, &mut cache, true).await?;
-    cache.save();
+    let entries = hash_all(&layout, &mut HashCache::none(), true).await?;
     let mut out = String::new();
     for ((path, _), e) in layout.files.iter().zip(&entries) {
         let line = serde_json::json!({"path": path, "digest": e.digest, "size": e.size});

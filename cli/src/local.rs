@@ -107,6 +107,7 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         hardware: Default::default(),
         tags: Vec::new(),
         cache_max_bytes: 50 << 30,
+        max_root_bytes: 50 << 30,
         path_map: Vec::new(),
         grace: std::time::Duration::ZERO,
         fail_first_render: false,

@@ -353,6 +353,15 @@ struct WorkerArgs {
     /// the least recently used go first, never those of a task in progress.
     #[arg(long, default_value_t = 50.0)]
     cache_max_gib: f64,
+    /// Most GiB one job's root may take in copies, where a file cannot be
+    /// hard-linked from the cache (default: --cache-max-gib).
+    #[arg(long)]
+    max_root_gib: Option<f64>,
+    /// Most GiB of memory one Blender may allocate, so a scene that
+    /// decompresses without bound fails alone (default: 3/4 of this
+    /// machine's memory; 0: no limit).
+    #[arg(long)]
+    blender_max_memory_gib: Option<f64>,
     /// Where this worker sees the studio's shared storage, for jobs submitted
     /// with `--shared`: `--path-map /mnt/projects=/net/projects` (artist's
     /// path = this machine's; repeatable).

@@ -52,6 +52,7 @@ pub fn coordinator_config(a: &CoordinatorArgs) -> Result<tessera_coordinator::Co
 }
 
 pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
+    warn_if_few_files();
     let config = coordinator_config(&args)?;
     let tls = tls_files(&args)?;
     if !(args.preview_timeout.is_finite() && args.preview_timeout > 0.0) {
@@ -210,10 +211,15 @@ pub async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
     let mut url = url.clone();
     if let Some(path) = &args.token_file {
         url.token = Some(read_token_file(path)?);
-    } else if std::env::args().any(|a| a == "--token" || a.starts_with("--token=")) {
+    } else if crate::commands::token_on_command_line() {
         tracing::warn!("the token is on the command line, where any process on this machine can read it (/proc/PID/cmdline); use --token-file");
     }
     let url = &url;
+    let memory = match args.blender_max_memory_gib {
+        Some(n) => gib(n),
+        None => physical_memory() / 4 * 3,
+    };
+    tessera_worker::blender::set_memory_limit(memory);
     let runtimes_dir = args
         .runtimes
         .clone()
@@ -302,7 +308,8 @@ pub async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
         threads: args.threads.or(Some((cores / slots).max(1))),
         hardware,
         tags: args.tag.clone(),
-        cache_max_bytes: (args.cache_max_gib.max(0.0) * (1u64 << 30) as f64) as u64,
+        cache_max_bytes: gib(args.cache_max_gib),
+        max_root_bytes: gib(args.max_root_gib.unwrap_or(args.cache_max_gib)),
         path_map: args
             .path_map
             .iter()
@@ -362,4 +369,42 @@ pub fn render_mode(fresh: bool, idle_s: f64) -> Result<tessera_worker::agent::Re
     Ok(RenderMode::Sessions {
         idle: std::time::Duration::from_secs_f64(idle_s),
     })
+}
+
+/// Bytes in `n` GiB (negative: none).
+fn gib(n: f64) -> u64 {
+    (n.max(0.0) * (1u64 << 30) as f64) as u64
+}
+
+/// This machine's memory in bytes (`MemTotal`), or 0 (no limit) where
+/// /proc/meminfo cannot be read.
+fn physical_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib * 1024)
+        })
+        .unwrap_or(0)
+}
+
+/// Descriptors under which a coordinator warns at start: every connection
+/// holds one, and at 1,024 a thousand idle connections stop it serving.
+const FEW_FILES: u64 = 8192;
+
+/// Warns when the process may open few files (`ulimit -n`), and says how to
+/// raise it.
+fn warn_if_few_files() {
+    let soft = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|l| {
+            let line = l.lines().find(|l| l.starts_with("Max open files"))?;
+            line.split_whitespace().nth(3)?.parse::<u64>().ok()
+        });
+    if let Some(n) = soft.filter(|n| *n < FEW_FILES) {
+        tracing::warn!(
+            "this coordinator may open only {n} files (ulimit -n), and every connection takes one: raise it to at least {FEW_FILES} (LimitNOFILE= in its systemd unit, or `ulimit -n 65536`)"
+        );
+    }
 }

@@ -432,6 +432,8 @@ impl From<&Assignment> for pb::TaskAssignment {
             frames: a.frames.clone(),
             attempt: a.attempt,
             lease_ttl_ms: a.ttl_ms.min(u64::from(u32::MAX)) as u32,
+            max_width: a.max_pixels.width,
+            max_height: a.max_pixels.height,
             tile: a.tile.map(|t| pb::TileRegion {
                 rendered: Some(pb::Rect {
                     x: t.rendered.x,

@@ -256,6 +256,9 @@ pub struct Assignment {
     pub file_set: Option<Digest>,
     /// The version of the worker's Blender to render it with.
     pub blender: Option<crate::runtime::Version>,
+    /// The coordinator's `--max-pixels`, for the worker to check the
+    /// scene's real output size against.
+    pub max_pixels: crate::limits::PixelLimit,
 }
 
 /// What a worker says about itself when it registers.

@@ -27,16 +27,19 @@ fn metrics(farm: Arc<Farm>) -> Router {
                         .get(header::AUTHORIZATION)
                         .and_then(|v| v.to_str().ok()),
                 );
-                if let Err(e) = farm.authenticate(token) {
-                    let msg = format!("{e}\n");
-                    return (
-                        axum::http::StatusCode::UNAUTHORIZED,
-                        [(header::WWW_AUTHENTICATE, "Bearer")],
-                        msg,
-                    )
-                        .into_response();
-                }
-                let body = tokio::task::spawn_blocking(move || crate::metrics::render(&farm))
+                let who = match farm.authenticate(token) {
+                    Ok(who) => who,
+                    Err(e) => {
+                        let msg = format!("{e}\n");
+                        return (
+                            axum::http::StatusCode::UNAUTHORIZED,
+                            [(header::WWW_AUTHENTICATE, "Bearer")],
+                            msg,
+                        )
+                            .into_response();
+                    }
+                };
+                let body = tokio::task::spawn_blocking(move || crate::metrics::render(&farm, &who))
                     .await
                     .unwrap_or_default();
                 (

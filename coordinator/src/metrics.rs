@@ -57,8 +57,11 @@ pub fn role(active: bool) -> String {
     o.0
 }
 
-/// The farm's metrics in Prometheus text format (version 0.0.4).
-pub fn render(farm: &Farm) -> String {
+/// The farm's metrics in Prometheus text format (version 0.0.4), as `who`
+/// may see them: farm totals for everyone, per-job series only for the
+/// jobs `who` may see (every job for an admin), so one user's job ids,
+/// costs and hours do not reach another.
+pub fn render(farm: &Farm, who: &crate::auth::Identity) -> String {
     let jobs = farm.job_summaries();
     let workers = farm.workers();
     let stats = farm.stats();
@@ -243,7 +246,7 @@ pub fn render(farm: &Farm) -> String {
     ];
     for (name, help, value) in usage_series {
         o.family(name, "counter", help);
-        for j in &jobs {
+        for j in jobs.iter().filter(|j| who.may_see(&j.job.owner)) {
             o.sample(name, &[("job", &j.job.id.to_string())], value(&j.usage));
         }
     }

@@ -124,6 +124,7 @@ impl pb::work_server::Work for Fake {
                 tile: None,
                 device: "cpu".into(),
                 file_set_digest: String::new(),
+                ..Default::default()
             }),
             ended_jobs: Vec::new(),
         }))

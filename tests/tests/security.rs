@@ -8,6 +8,8 @@ use std::time::Duration;
 use tessera_proto as pb;
 use tessera_tests::*;
 
+#[path = "security/holes.rs"]
+mod holes;
 #[path = "security/lanes.rs"]
 mod lanes;
 use lanes::{lanes, render_refuses_strangers};
@@ -406,6 +408,8 @@ fn a_corpus_of_bad_input_gets_clear_errors_and_harms_nothing() {
             "8",
             "--max-pixels",
             "4096x4096",
+            "--http",
+            "127.0.0.1:0",
         ],
     );
     let url = coord.url.clone();
@@ -652,6 +656,10 @@ fn a_corpus_of_bad_input_gets_clear_errors_and_harms_nothing() {
     }
     extra += lanes(&rt, &coord, &whole, &alice, &bob);
     extra += render_refuses_strangers(&admin_token);
+    extra += holes::file_sets(&rt, &url, &whole, &alice);
+    extra += holes::hashes_and_tokens(&url, &good, &alice, files);
+    extra += holes::metrics_per_user(&coord, existing, &alice, &bob);
+    extra += holes::pixels_from_blender(&rt, &url, Path::new(wide), &alice);
     let corpus = n_cli + extra;
     eprintln!("bad-input corpus: {corpus} cases");
     assert!(corpus >= 50, "a corpus of at least 50 cases, not {corpus}");
@@ -664,7 +672,7 @@ fn a_corpus_of_bad_input_gets_clear_errors_and_harms_nothing() {
     let jobs: serde_json::Value = serde_json::from_str(&cli_ok(&url, &["jobs", "--json"])).unwrap();
     assert_eq!(
         jobs.as_array().unwrap().len(),
-        2,
-        "no bad input became a job (the second is the canceled `lane` job)"
+        3,
+        "no bad input became a job (the others are the canceled `lane` job and the failed too-wide one)"
     );
 }

@@ -49,6 +49,8 @@ pub struct WorkerConfig {
     pub tags: Vec<String>,
     /// Most bytes of job files kept in the cache (least recently used go first).
     pub cache_max_bytes: u64,
+    /// Most bytes of copies in one job root (files that cannot be linked).
+    pub max_root_bytes: u64,
     /// Where this machine sees the studio's shared storage: (artist's
     /// prefix, local folder), for jobs submitted with `--shared`.
     pub path_map: Vec<(String, PathBuf)>,
@@ -238,6 +240,7 @@ pub async fn run<R: Renderer>(
     let files = crate::fileset::FileCache::open(
         &config.cache.join("files"),
         config.cache_max_bytes,
+        config.max_root_bytes,
         config.path_map.clone(),
     )?;
     let plans = std::sync::Mutex::new(config.slots.clone());
@@ -672,6 +675,8 @@ async fn execute<R: Renderer>(
         out_dir,
         blender: Some(task.blender.clone()).filter(|b| !b.is_empty()),
         threads: shared.config.threads,
+        max_pixels: (task.max_width > 0 && task.max_height > 0)
+            .then_some((task.max_width, task.max_height)),
         tile: task.tile.as_ref().and_then(|t| {
             let r = t.rendered.as_ref()?;
             Some(crate::blender::TileRender {

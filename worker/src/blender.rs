@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -98,6 +98,8 @@ pub struct RenderRequest {
     /// The version of the worker's Blender runtime to render with, as the
     /// coordinator chose it (None: the first).
     pub blender: Option<String>,
+    /// The coordinator's pixel limit (`--max-pixels` W, H), if it sent one.
+    pub max_pixels: Option<(u32, u32)>,
 }
 
 /// Pins a Blender child to one GPU: CUDA and OptiX see only that device.
@@ -257,15 +259,44 @@ pub fn summarize(errors: &[String]) -> Option<String> {
     }
 }
 
-/// Prepares a Blender child: it dies with the worker and, when `reply_fd` is
-/// given, finds that descriptor (a pipe's write end) as its fd 3.
+/// Most bytes of memory each Blender may allocate; 0: no limit.
+static MEMORY_LIMIT: AtomicU64 = AtomicU64::new(0);
+
+/// Limits the memory of every Blender started from now on to `bytes`
+/// (0: no limit), so a scene that decompresses or allocates without bound
+/// (a gzip or zstd bomb) fails alone instead of exhausting the machine.
+/// It is RLIMIT_DATA, not RLIMIT_AS: GPU drivers reserve address space far
+/// past what they use, which RLIMIT_AS would count and refuse.
+pub fn set_memory_limit(bytes: u64) {
+    MEMORY_LIMIT.store(bytes, Ordering::Relaxed);
+}
+
+/// The limit [`set_memory_limit`] set.
+pub fn memory_limit() -> u64 {
+    MEMORY_LIMIT.load(Ordering::Relaxed)
+}
+
+/// Prepares a Blender child: it dies with the worker, its memory is limited
+/// by [`set_memory_limit`] and, when `reply_fd` is given, it finds that
+/// descriptor (a pipe's write end) as its fd 3.
 #[allow(unsafe_code)]
 pub fn child_setup(cmd: &mut Command, reply_fd: Option<i32>) {
+    let memory = memory_limit();
     // SAFETY: the closure runs between fork and exec and calls only
-    // async-signal-safe functions (prctl, dup2, fcntl) on plain integers.
+    // async-signal-safe functions (prctl, setrlimit, dup2, fcntl) on plain
+    // integers.
     unsafe {
         cmd.pre_exec(move || {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if memory > 0 {
+                let limit = libc::rlimit {
+                    rlim_cur: memory,
+                    rlim_max: memory,
+                };
+                if libc::setrlimit(libc::RLIMIT_DATA, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
             if let Some(fd) = reply_fd {
                 if fd == 3 {
                     // dup2 onto itself keeps close-on-exec set: clear it.

@@ -12,6 +12,7 @@
 //! | built without OpenImageDenoise, or without another feature | everywhere |
 //! | a Python error in a driver or script, a driver that needs Python | everywhere |
 //! | the scene was saved by a newer Blender, has no camera | everywhere |
+//! | an allocation refused under the worker's memory limit on Blender | everywhere |
 //! | out of memory, no Cycles device, a missing or unwritable path | this machine |
 //! | a GPU driver error, a crash, a kill, a wrong frame with no message | transient |
 
@@ -120,6 +121,19 @@ const RULES: &[(&[&str], Scope, &str)] = &[
         &["no camera"],
         Scope::Everywhere,
         "the scene has no active camera: add one (or set Scene > Camera) and submit again",
+    ),
+    (
+        // Blender's allocator under the worker's limit on its memory.
+        &[
+            "malloc returns null",
+            "calloc returns null",
+            "mallocn returns null",
+        ],
+        Scope::Everywhere,
+        "Blender hit the memory limit workers set on it (--blender-max-memory-gib) reading \
+         or rendering this file: the .blend may be a compression bomb (a small file that \
+         expands past any memory) or need more memory than workers allow; open it in \
+         Blender to check, and submit it again saved without compression",
     ),
     (
         &[
@@ -278,6 +292,26 @@ mod tests {
             "restricted access disallows name 'context'",
         );
         assert!(d.reason.contains("simple expression"), "{}", d.reason);
+    }
+
+    #[test]
+    fn a_scene_past_the_memory_limit_fails_everywhere_naming_the_file() {
+        // What Blender 3.4 prints for a gzip bomb under RLIMIT_DATA.
+        let words = "Malloc returns null: len=1500000056 in new_bhead, total 10115412\n\
+                     Error: Failed to read blend file '/cache/scenes/ab.blend': Missing DNA block";
+        let d = classify(
+            Kind::Crashed,
+            "Blender exited (exit status: 1): Error: Failed to read blend file '/cache/scenes/ab.blend': Missing DNA block",
+            words,
+        );
+        assert_eq!(d.scope, Scope::Everywhere);
+        assert!(
+            d.reason.contains("'/cache/scenes/ab.blend'")
+                && d.reason.contains("--blender-max-memory-gib")
+                && !d.reason.contains("Python"),
+            "{}",
+            d.reason
+        );
     }
 
     #[test]

@@ -35,6 +35,8 @@ pub struct JobRoot {
 pub struct FileCache {
     dir: PathBuf,
     max_bytes: u64,
+    /// Most bytes of copies in one root (`--max-root-gib`).
+    max_root_bytes: u64,
     /// (artist's shared-storage prefix, where this machine sees it).
     path_map: Vec<(String, PathBuf)>,
     /// Roots being rendered from, by file-set digest, with how many tasks use each.
@@ -78,16 +80,50 @@ fn safe_join(root: &Path, rel: &str) -> Result<PathBuf, Error> {
     Ok(root.join(p))
 }
 
+/// The file in a root that holds the bytes its copies take.
+const COPIED: &str = ".tessera-copied";
+
+/// Puts blob `src` (`size` bytes) at `dest` by `link`, or by a copy when
+/// linking fails (another file system, or the blob's link count is spent).
+/// A copy may take at most `budget` bytes, so one small file listed many
+/// times cannot fill the disk. Returns the bytes copied.
+fn place(
+    src: &Path,
+    dest: &Path,
+    size: u64,
+    budget: u64,
+    link: impl Fn(&Path, &Path) -> std::io::Result<()>,
+) -> Result<u64, Error> {
+    let parent = dest.parent().expect("joined path has a parent");
+    std::fs::create_dir_all(parent).map_err(io(format!("cannot create {}", parent.display())))?;
+    if link(src, dest).is_ok() {
+        return Ok(0);
+    }
+    if size > budget {
+        return Err(Error::io(
+            format!(
+                "the job root needs copies past this worker's limit of its bytes on disk (--max-root-gib), at {}: free the cache's file system of links, or raise --max-root-gib",
+                dest.display()
+            ),
+            std::io::Error::from(std::io::ErrorKind::StorageFull),
+        ));
+    }
+    std::fs::copy(src, dest).map_err(io(format!("cannot copy to {}", dest.display())))?;
+    Ok(size)
+}
+
 fn io(what: String) -> impl FnOnce(std::io::Error) -> Error {
     move |e| Error::io(what, e)
 }
 
 impl FileCache {
     /// Opens (creating) the cache under `dir`, bounded to `max_bytes` of
-    /// blobs; `path_map` says where this machine sees shared storage.
+    /// blobs and roots' copies, with at most `max_root_bytes` of copies in
+    /// one root; `path_map` says where this machine sees shared storage.
     pub fn open(
         dir: &Path,
         max_bytes: u64,
+        max_root_bytes: u64,
         path_map: Vec<(String, PathBuf)>,
     ) -> Result<Arc<Self>, Error> {
         for sub in ["blobs", "roots", "tmp"] {
@@ -97,6 +133,7 @@ impl FileCache {
         Ok(Arc::new(Self {
             dir: dir.to_path_buf(),
             max_bytes,
+            max_root_bytes,
             path_map,
             in_use: Mutex::new(HashMap::new()),
             locks: Mutex::new(HashMap::new()),
@@ -205,6 +242,7 @@ impl FileCache {
         if !done.is_file() {
             let _ = std::fs::remove_dir_all(&root);
             let files = root.join("files");
+            let mut copied = 0u64;
             for f in &fs.files {
                 let dest = safe_join(&files, &f.path)?;
                 if !f.shared.is_empty() {
@@ -221,15 +259,25 @@ impl FileCache {
                         got: format!("{size} bytes"),
                     });
                 }
-                let parent = dest.parent().expect("joined path has a parent");
-                std::fs::create_dir_all(parent)
-                    .map_err(io(format!("cannot create {}", parent.display())))?;
-                if std::fs::hard_link(&src, &dest).is_err() {
-                    // Another file system: copy instead.
-                    std::fs::copy(&src, &dest)
-                        .map_err(io(format!("cannot copy to {}", dest.display())))?;
+                let placed = place(
+                    &src,
+                    &dest,
+                    size,
+                    self.max_root_bytes.saturating_sub(copied),
+                    |a, b| std::fs::hard_link(a, b),
+                );
+                match placed {
+                    Ok(n) => copied += n,
+                    Err(e) => {
+                        let _ = std::fs::remove_dir_all(&root);
+                        return Err(e);
+                    }
                 }
             }
+            // Copies cost disk where links do not: the cache bound counts them.
+            let tally = root.join(COPIED);
+            std::fs::write(&tally, copied.to_string())
+                .map_err(io(format!("cannot write {}", tally.display())))?;
             std::fs::write(&done, set).map_err(io(format!("cannot write {}", done.display())))?;
         }
         let files = root.join("files");
@@ -246,23 +294,38 @@ impl FileCache {
         })
     }
 
-    /// This machine's path of a file on shared storage, by `--path-map`.
-    fn local_shared(&self, shared: &str) -> Option<PathBuf> {
+    /// The `--path-map` entry whose artist's prefix `shared` is under:
+    /// that prefix, where this machine sees it, and the rest of the path.
+    fn mapping<'a>(&'a self, shared: &'a str) -> Option<(&'a str, &'a Path, &'a str)> {
         self.path_map.iter().find_map(|(from, to)| {
             let rest = shared.strip_prefix(from.trim_end_matches('/'))?;
-            let rest = rest.strip_prefix('/').filter(|r| !r.is_empty())?;
-            let local = to.join(rest);
-            local
-                .components()
-                .all(|c| !matches!(c, Component::ParentDir))
-                .then_some(local)
+            Some((from.as_str(), to.as_path(), rest.strip_prefix('/')?))
         })
     }
 
+    /// This machine's path of a shared file, if it stays inside the share.
+    /// The rest after the prefix must be plain parts (a leading `/` would
+    /// make `join` drop the share, `..` would climb out of it), and the
+    /// file, links resolved, must still be under the share.
+    fn inside_share(share: &Path, rest: &str) -> Option<PathBuf> {
+        let plain = !rest.contains('\0')
+            && rest
+                .split('/')
+                .all(|p| !p.is_empty() && p != "." && p != "..");
+        if !plain {
+            return None;
+        }
+        let real = std::fs::canonicalize(share.join(rest)).ok()?;
+        let share = std::fs::canonicalize(share).ok()?;
+        (real.starts_with(&share) && real.is_file()).then_some(real)
+    }
+
     /// Links a shared-storage file into a root, after checking that this
-    /// machine sees the same file (same size) where its `--path-map` says.
+    /// machine sees the same file (same size) inside the share its
+    /// `--path-map` names. A refusal names the entry and nothing of this
+    /// machine's files: whether a path exists or how big it is stays here.
     fn link_shared(&self, f: &pb::FileEntry, dest: &Path) -> Result<(), Error> {
-        let local = self.local_shared(&f.shared).ok_or_else(|| {
+        let (from, share, rest) = self.mapping(&f.shared).ok_or_else(|| {
             Error::io(
                 format!(
                     "the job reads {} from shared storage, which this worker does not map; start it with `--path-map PREFIX=WHERE-THIS-MACHINE-SEES-IT`",
@@ -271,28 +334,39 @@ impl FileCache {
                 std::io::Error::from(std::io::ErrorKind::NotFound),
             )
         })?;
-        let size = std::fs::metadata(&local)
-            .map_err(io(format!(
-                "cannot read {} (shared {})",
-                local.display(),
-                f.shared
-            )))?
-            .len();
-        if size != f.size {
-            return Err(Error::io(
-                format!(
-                    "{} is {size} bytes here but was {} bytes at submit; the shared file changed, submit again",
-                    local.display(),
-                    f.size
-                ),
-                std::io::Error::from(std::io::ErrorKind::InvalidData),
-            ));
-        }
+        let local = Self::inside_share(share, rest)
+            .filter(|p| std::fs::metadata(p).is_ok_and(|m| m.len() == f.size))
+            .ok_or_else(|| {
+                Error::io(
+                    format!(
+                        "the shared entry `{}` ({}) is not a file inside the share {from} as it was at submit (missing, changed, or outside the share); check the share and submit again",
+                        f.path, f.shared
+                    ),
+                    std::io::Error::from(std::io::ErrorKind::InvalidData),
+                )
+            })?;
         let parent = dest.parent().expect("joined path has a parent");
         std::fs::create_dir_all(parent)
             .map_err(io(format!("cannot create {}", parent.display())))?;
         std::os::unix::fs::symlink(&local, dest)
             .map_err(io(format!("cannot link {}", dest.display())))
+    }
+
+    /// Bytes of copies in each root, by file-set digest.
+    fn root_copies(&self) -> HashMap<String, u64> {
+        let Ok(roots) = std::fs::read_dir(self.dir.join("roots")) else {
+            return HashMap::new();
+        };
+        roots
+            .flatten()
+            .filter_map(|r| {
+                let n = std::fs::read_to_string(r.path().join(COPIED)).ok()?;
+                Some((
+                    r.file_name().to_string_lossy().into_owned(),
+                    n.trim().parse().ok()?,
+                ))
+            })
+            .collect()
     }
 
     /// Bytes of blobs held.
@@ -319,7 +393,8 @@ impl FileCache {
     /// the cache fits its bound; blobs of roots in use stay. Returns the bytes freed.
     pub fn evict(&self) -> Result<u64, Error> {
         let mut held = self.blobs_on_disk();
-        let total: u64 = held.iter().map(|h| h.1).sum();
+        let copies = self.root_copies();
+        let total: u64 = held.iter().map(|h| h.1).sum::<u64>() + copies.values().sum::<u64>();
         if total <= self.max_bytes {
             return Ok(0);
         }
@@ -339,8 +414,13 @@ impl FileCache {
             }
         }
         held.sort_by_key(|h| h.2);
-        let mut freed = 0;
-        let mut over = total - self.max_bytes;
+        // Every root not in use goes below, and its copies with it.
+        let mut freed: u64 = copies
+            .iter()
+            .filter(|(name, _)| !in_use.contains(name))
+            .map(|(_, n)| n)
+            .sum();
+        let mut over = (total - self.max_bytes).saturating_sub(freed);
         let mut evicted = HashSet::new();
         for (path, size, _) in held {
             if over == 0 {
@@ -390,7 +470,7 @@ mod tests {
     #[test]
     fn eviction_keeps_blobs_of_roots_in_use_and_drops_the_oldest() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = FileCache::open(dir.path(), 10, Vec::new()).unwrap();
+        let cache = FileCache::open(dir.path(), 10, 10, Vec::new()).unwrap();
         let put = |name: &str, bytes: &[u8], age_s: u64| {
             let d = blake3::hash(name.as_bytes()).to_hex().to_string();
             let p = cache.blob_path(&d);
@@ -437,5 +517,104 @@ mod tests {
         );
         assert!(freed >= 8);
         assert!(pc.is_file() || freed >= 16);
+    }
+
+    fn shared_entry(path: &str, at: &str, size: u64) -> pb::FileEntry {
+        pb::FileEntry {
+            path: path.into(),
+            digest: String::new(),
+            size,
+            mode: 0o644,
+            shared: at.into(),
+        }
+    }
+
+    #[test]
+    fn a_shared_entry_cannot_leave_the_share() {
+        let dir = tempfile::tempdir().unwrap();
+        let share = dir.path().join("srv/share");
+        std::fs::create_dir_all(&share).unwrap();
+        std::fs::write(share.join("wood.png"), b"wood").unwrap();
+        let secret = dir.path().join("secret.txt");
+        std::fs::write(&secret, b"another user's file").unwrap();
+        // A link inside the share that points out of it.
+        std::os::unix::fs::symlink(&secret, share.join("out.png")).unwrap();
+        let cache = FileCache::open(
+            &dir.path().join("cache"),
+            1 << 20,
+            1 << 20,
+            vec![("/mnt/projects".into(), share.clone())],
+        )
+        .unwrap();
+        let root = dir.path().join("root");
+        let good = shared_entry("tex/wood.png", "/mnt/projects/wood.png", 4);
+        cache
+            .link_shared(&good, &root.join("tex/wood.png"))
+            .unwrap();
+        assert_eq!(std::fs::read(root.join("tex/wood.png")).unwrap(), b"wood");
+        let abs = secret.to_str().unwrap();
+        let size = std::fs::metadata(&secret).unwrap().len();
+        for (i, at) in [
+            format!("/mnt/projects/{abs}"),
+            format!(
+                "/mnt/projects/../{}",
+                secret.file_name().unwrap().to_str().unwrap()
+            ),
+            "/mnt/projects/out.png".to_string(),
+            "/mnt/projects/./wood.png".to_string(),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let dest = root.join(format!("stolen{i}.png"));
+            let err = cache
+                .link_shared(&shared_entry("stolen.png", at, size), &dest)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("`stolen.png`"), "{at}: names the entry: {err}");
+            assert!(
+                !err.contains(&size.to_string()) && !err.contains("No such file"),
+                "{at}: says nothing of this machine's files: {err}"
+            );
+            assert!(!dest.exists(), "{at}: nothing linked");
+        }
+    }
+
+    #[test]
+    fn copies_in_a_root_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("blob");
+        std::fs::write(&src, b"12345678").unwrap();
+        // Linking fails as it does once a blob's link count is spent.
+        let spent =
+            |_: &Path, _: &Path| Err(std::io::Error::from(std::io::ErrorKind::TooManyLinks));
+        let a = dir.path().join("root/a.png");
+        assert_eq!(place(&src, &a, 8, 10, spent).unwrap(), 8);
+        assert_eq!(std::fs::read(&a).unwrap(), b"12345678");
+        let b = dir.path().join("root/b.png");
+        let err = place(&src, &b, 8, 10 - 8, spent).unwrap_err().to_string();
+        assert!(err.contains("--max-root-gib"), "{err}");
+        assert!(!b.exists());
+        // Links cost no budget.
+        let c = dir.path().join("root/c.png");
+        assert_eq!(
+            place(&src, &c, 8, 0, |a, b| std::fs::hard_link(a, b)).unwrap(),
+            0
+        );
+    }
+
+    #[test]
+    fn copies_count_against_the_cache_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = FileCache::open(dir.path(), 100, 100, Vec::new()).unwrap();
+        let root = dir.path().join("roots/abc");
+        std::fs::create_dir_all(root.join("files")).unwrap();
+        std::fs::write(root.join(COPIED), "150").unwrap();
+        assert_eq!(
+            cache.evict().unwrap(),
+            150,
+            "a root of copies over the bound goes"
+        );
+        assert!(!root.exists());
     }
 }

@@ -35,6 +35,7 @@ pub mod gpu;
 pub mod image_size;
 pub mod isolation;
 pub mod metadata;
+pub mod output_size;
 pub mod passes;
 pub mod runtime;
 pub mod session;

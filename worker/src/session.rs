@@ -555,7 +555,9 @@ impl SessionRenderer {
             printed.note(l);
         }
         session.load_errors = printed.all();
-        if let Some(f) = refuse_scene(&ready, &session.log_tail()) {
+        if let Some(f) = refuse_scene(&ready, &session.log_tail())
+            .or_else(|| crate::output_size::refuse(&ready, req, &session.log_tail()))
+        {
             session.kill("the scene cannot be rendered here");
             return Err(f);
         }

@@ -94,6 +94,7 @@ impl Farm {
             device: job.requirements.device_for(&cap),
             file_set: job.file_set,
             blender: job.requirements.runtime_for(&runtimes).map(|r| r.version),
+            max_pixels: self.config.max_pixels,
         };
         let ticket = self.save(st, job, vec![task], Vec::new());
         Self::note_grant(st, lease, worker);
