@@ -69,6 +69,7 @@ pub async fn coordinator(
             .await
             .context("the store's start panicked")??
     };
+    let limits = crate::serve::connection_limits(args)?;
     let (listener, http) = bind(args).await?;
     let addr = listener.local_addr()?;
     let http_addr = http.as_ref().map(|h| h.local_addr()).transpose()?;
@@ -91,6 +92,7 @@ pub async fn coordinator(
             &grpc,
             http.as_ref(),
             tls.as_ref(),
+            limits,
             shutdown_signal(),
         )
         .await?;
@@ -108,7 +110,8 @@ pub async fn coordinator(
         tessera_coordinator::Coordinator::open_on(&data, store, blobs, config)
     })
     .context("cannot take over: loading the state from PostgreSQL failed")?
-    .with_ffmpeg(ffmpeg);
+    .with_ffmpeg(ffmpeg)
+    .with_connection_limits(limits);
     say_admin_token(&coord);
     if let Some((cert, key)) = tls {
         coord = coord.with_tls(cert, key);

@@ -287,6 +287,26 @@ struct CoordinatorArgs {
     /// Allow plain text on a non-loopback address (tokens travel unencrypted).
     #[arg(long)]
     allow_plaintext: bool,
+    /// Seconds an HTTP request's head (or a gRPC connection's HTTP/2
+    /// preface) may take to arrive; slower connections are closed.
+    #[arg(long, default_value_t = 10.0)]
+    header_timeout: f64,
+    /// Seconds a connection may move no byte either way before it is closed
+    /// (live gRPC clients answer pings sent every third of this).
+    #[arg(long, default_value_t = 120.0)]
+    idle_timeout: f64,
+    /// Each this many seconds a request body waits for the client must
+    /// bring 1 KiB (or its end); slower uploads are cut off.
+    #[arg(long, default_value_t = 30.0)]
+    body_timeout: f64,
+    /// Most connections from one IP address, gRPC and HTTP together (raise
+    /// it when many workers share one NAT address).
+    #[arg(long, default_value_t = 256)]
+    max_connections_per_address: usize,
+    /// Most connections in all, gRPC and HTTP together (default: three
+    /// quarters of the open-file limit, `ulimit -n`, at most 16384).
+    #[arg(long)]
+    max_connections: Option<usize>,
     /// The autoscaling signal `tessera_desired_slots` asks for enough slots to
     /// finish the queued work within this many minutes.
     #[arg(long, default_value_t = 30.0)]

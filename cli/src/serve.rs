@@ -6,6 +6,7 @@ use tokio::sync::watch;
 
 use crate::commands::shutdown_signal;
 use crate::{CoordinatorArgs, WorkerArgs};
+use tessera_coordinator::connections::ConnectionLimits;
 use tessera_worker::agent::Access;
 
 /// Coordinator settings from the command line.
@@ -51,8 +52,37 @@ pub fn coordinator_config(a: &CoordinatorArgs) -> Result<tessera_coordinator::Co
     })
 }
 
+/// Connection caps and stall timeouts from the command line.
+pub fn connection_limits(a: &CoordinatorArgs) -> Result<ConnectionLimits> {
+    let secs = |flag: &str, v: f64| -> Result<std::time::Duration> {
+        if !(v.is_finite() && (0.1..=86_400.0).contains(&v)) {
+            bail!("{flag} {v} is not a number of seconds; use 0.1 to 86400");
+        }
+        Ok(std::time::Duration::from_secs_f64(v))
+    };
+    let total = match a.max_connections {
+        Some(0) => bail!("--max-connections 0 would refuse everyone; use 1 or more"),
+        Some(n) => n,
+        // Leave a quarter of the files for the store, blobs and logs.
+        None => open_file_limit().map_or(4096, |n| {
+            usize::try_from(n / 4 * 3).unwrap_or(usize::MAX).clamp(64, 16_384)
+        }),
+    };
+    if a.max_connections_per_address == 0 {
+        bail!("--max-connections-per-address 0 would refuse everyone; use 1 or more");
+    }
+    Ok(ConnectionLimits {
+        header_timeout: secs("--header-timeout", a.header_timeout)?,
+        idle_timeout: secs("--idle-timeout", a.idle_timeout)?,
+        body_timeout: secs("--body-timeout", a.body_timeout)?,
+        per_address: a.max_connections_per_address,
+        total,
+    })
+}
+
 pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     warn_if_few_files();
+    let limits = connection_limits(&args)?;
     let config = coordinator_config(&args)?;
     let tls = tls_files(&args)?;
     if !(args.preview_timeout.is_finite() && args.preview_timeout > 0.0) {
@@ -77,7 +107,8 @@ pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
     let blobs = open_blobs(&args, config.max_upload)?;
     let mut coord = tessera_coordinator::Coordinator::open_with_blobs(&args.data, config, blobs)
         .with_context(|| format!("cannot open the data directory {}", args.data.display()))?
-        .with_ffmpeg(ffmpeg);
+        .with_ffmpeg(ffmpeg)
+        .with_connection_limits(limits);
     say_admin_token(&coord);
     if let Some((cert, key)) = tls {
         coord = coord.with_tls(cert, key);
@@ -389,6 +420,13 @@ fn physical_memory() -> u64 {
         .unwrap_or(0)
 }
 
+/// The soft limit on open files (`ulimit -n`), when it can be read.
+fn open_file_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse::<u64>().ok()
+}
+
 /// Descriptors under which a coordinator warns at start: every connection
 /// holds one, and at 1,024 a thousand idle connections stop it serving.
 const FEW_FILES: u64 = 8192;
@@ -396,13 +434,7 @@ const FEW_FILES: u64 = 8192;
 /// Warns when the process may open few files (`ulimit -n`), and says how to
 /// raise it.
 fn warn_if_few_files() {
-    let soft = std::fs::read_to_string("/proc/self/limits")
-        .ok()
-        .and_then(|l| {
-            let line = l.lines().find(|l| l.starts_with("Max open files"))?;
-            line.split_whitespace().nth(3)?.parse::<u64>().ok()
-        });
-    if let Some(n) = soft.filter(|n| *n < FEW_FILES) {
+    if let Some(n) = open_file_limit().filter(|n| *n < FEW_FILES) {
         tracing::warn!(
             "this coordinator may open only {n} files (ulimit -n), and every connection takes one: raise it to at least {FEW_FILES} (LimitNOFILE= in its systemd unit, or `ulimit -n 65536`)"
         );

@@ -25,6 +25,7 @@
 //! - [`clock`]: time behind a trait.
 //! - [`convert`]: domain <-> protocol conversions.
 //! - [`grpc`]: thin tonic adapters over [`farm::Farm`].
+//! - [`connections`]: connection caps and stall timeouts on both ports.
 //! - [`metrics`], [`http`]: Prometheus metrics served over HTTP (or HTTPS).
 //! - [`api`]: the JSON API under `/api/v1/` (with Server-Sent Events) and the
 //!   web dashboard, thin adapters over [`farm::Farm`] like [`grpc`].
@@ -47,6 +48,7 @@ pub mod blendfile;
 pub mod blob_location;
 pub mod blob_store;
 pub mod clock;
+pub mod connections;
 pub mod convert;
 pub mod digest;
 pub mod error;

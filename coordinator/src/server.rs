@@ -11,6 +11,7 @@ use tokio::net::TcpListener;
 use crate::auth::Role;
 use crate::blob_store::{BlobStore, FsBlobStore};
 use crate::clock::SystemClock;
+use crate::connections::{ConnectionLimits, Gate, Watched, H2_PREFACE};
 use crate::error::Error;
 use crate::farm::{Config, Farm};
 use crate::grpc::{BlobsService, FarmService, WorkService};
@@ -24,6 +25,8 @@ pub struct Coordinator {
     tls: Option<(Vec<u8>, Vec<u8>)>,
     /// How preview videos are made, and where their frames are laid out.
     previews: (crate::preview::encode::Ffmpeg, std::path::PathBuf),
+    /// How many connections both ports take, and how long they may stall.
+    limits: ConnectionLimits,
 }
 
 /// Writes a secret readable by its owner only.
@@ -88,6 +91,7 @@ impl Coordinator {
             admin_token,
             tls: None,
             previews: (Default::default(), data.join("tmp").join("previews")),
+            limits: ConnectionLimits::default(),
         })
     }
 
@@ -110,6 +114,13 @@ impl Coordinator {
         self
     }
 
+    /// Bounds connections and their stalls on both ports (default:
+    /// [`ConnectionLimits::default`]).
+    pub fn with_connection_limits(mut self, limits: ConnectionLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
     /// The domain service.
     pub fn farm(&self) -> &Arc<Farm> {
         &self.farm
@@ -124,6 +135,8 @@ impl Coordinator {
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), Error> {
         let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
+        // One count for both ports: they draw on one file limit.
+        let gate = Gate::new(self.limits);
         // The HTTP port serves HTTPS with the same certificate as gRPC.
         let http_tls = match (&http, &self.tls) {
             (Some(_), Some((cert, key))) => Some(crate::api::tls::acceptor(cert, key)?),
@@ -131,11 +144,12 @@ impl Coordinator {
         };
         let http_task = http.map(|l| {
             let farm = self.farm.clone();
+            let gate = gate.clone();
             tokio::spawn(async move {
                 let stopped = async move {
                     let _ = http_stopped.await;
                 };
-                if let Err(e) = crate::http::serve(farm, l, http_tls, stopped).await {
+                if let Err(e) = crate::http::serve(farm, l, http_tls, gate, stopped).await {
                     tracing::error!("HTTP server stopped: {e}");
                 }
             })
@@ -177,17 +191,7 @@ impl Coordinator {
         });
         let addr = listener.local_addr().ok();
         tracing::info!(?addr, "coordinator listening");
-        // Small replies (a lease, an ack) must not wait for Nagle's
-        // algorithm and the peer's delayed ACK (about 40 ms).
-        let incoming = tokio_stream::StreamExt::map(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            |s| {
-                s.and_then(|s| {
-                    s.set_nodelay(true)?;
-                    Ok(s)
-                })
-            },
-        );
+        let incoming = gated(listener, gate);
         let guard = |roles: &'static [Role]| {
             let farm = self.farm.clone();
             move |req: tonic::Request<()>| crate::grpc::authorize(&farm, req, roles)
@@ -211,9 +215,24 @@ impl Coordinator {
         );
         // Wide HTTP/2 windows: blobs stream in 1 MiB chunks (the default
         // 64 KiB windows stall them every few chunks).
+        let limits = self.limits;
         let mut builder = tonic::transport::Server::builder()
             .initial_stream_window_size(Some(8 << 20))
-            .initial_connection_window_size(Some(32 << 20));
+            .initial_connection_window_size(Some(32 << 20))
+            // Pings keep a live client's connection moving (so only a dead
+            // or silent one meets --idle-timeout) and find dead peers.
+            .http2_keepalive_interval(Some(limits.keepalive()))
+            .http2_keepalive_timeout(Some(limits.keepalive()))
+            .layer(tower::util::MapRequestLayer::new(
+                move |r: axum::http::Request<tonic::body::Body>| {
+                    r.map(|b| {
+                        tonic::body::Body::new(crate::connections::Paced::new(
+                            b,
+                            limits.body_timeout,
+                        ))
+                    })
+                },
+            ));
         if let Some((cert, key)) = &self.tls {
             let identity = tonic::transport::Identity::from_pem(cert, key);
             builder = builder
@@ -235,4 +254,29 @@ impl Coordinator {
         }
         result.map_err(|e| Error::Store(format!("server stopped: {e}")))
     }
+}
+
+/// The gRPC port's connections: those `gate` admits, watched for stalls,
+/// the HTTP/2 preface due within the header timeout. Refused ones are closed.
+pub(crate) fn gated(
+    listener: TcpListener,
+    gate: Arc<Gate>,
+) -> impl tokio_stream::Stream<Item = std::io::Result<Watched<tokio::net::TcpStream>>> {
+    tokio_stream::StreamExt::filter_map(
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        move |s| {
+            let s = match s {
+                Ok(s) => s,
+                Err(e) => return Some(Err(e)),
+            };
+            // Small replies (a lease, an ack) must not wait for Nagle's
+            // algorithm and the peer's delayed ACK (about 40 ms).
+            if let Err(e) = s.set_nodelay(true) {
+                return Some(Err(e));
+            }
+            let peer = s.peer_addr().ok()?;
+            let permit = gate.admit_logged(peer.ip(), "gRPC")?;
+            Some(Ok(Watched::new(s, permit, H2_PREFACE)))
+        },
+    )
 }

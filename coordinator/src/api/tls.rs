@@ -7,13 +7,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_rustls::rustls;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
+use crate::connections::Watched;
 use crate::error::Error;
+use crate::http::GatedListener;
 
 /// How long a client may take over its TLS handshake.
 const HANDSHAKE: Duration = Duration::from_secs(10);
@@ -48,26 +50,19 @@ pub fn acceptor(cert_pem: &[u8], key_pem: &[u8]) -> Result<TlsAcceptor, Error> {
 /// A listener that hands out connections once their TLS handshake is done;
 /// handshakes run side by side, so a slow client holds up no one.
 pub struct TlsListener {
-    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    ready: mpsc::Receiver<(TlsStream<Watched<TcpStream>>, SocketAddr)>,
     addr: SocketAddr,
     accepting: tokio::task::JoinHandle<()>,
 }
 
 impl TlsListener {
     /// Accepts TLS connections on `listener`.
-    pub fn new(listener: TcpListener, acceptor: TlsAcceptor) -> std::io::Result<Self> {
-        let addr = listener.local_addr()?;
+    pub(crate) fn new(mut listener: GatedListener, acceptor: TlsAcceptor) -> std::io::Result<Self> {
+        let addr = axum::serve::Listener::local_addr(&listener)?;
         let (tx, ready) = mpsc::channel(64);
         let accepting = tokio::spawn(async move {
             loop {
-                let (tcp, peer) = match listener.accept().await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::debug!("HTTPS accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
+                let (tcp, peer) = listener.accept_watched().await;
                 let acceptor = acceptor.clone();
                 let tx = tx.clone();
                 tokio::spawn(async move {
@@ -96,7 +91,7 @@ impl Drop for TlsListener {
 }
 
 impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
+    type Io = TlsStream<Watched<TcpStream>>;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {

@@ -120,6 +120,7 @@ pub async fn serve_until_active(
     grpc: &std::net::TcpListener,
     http: Option<&std::net::TcpListener>,
     tls: Option<&(Vec<u8>, Vec<u8>)>,
+    limits: crate::connections::ConnectionLimits,
     shutdown: impl Future<Output = ()>,
 ) -> Result<bool, Error> {
     let msg: Message = Arc::new(RwLock::new(election.leader().await?.standby_message()));
@@ -136,7 +137,10 @@ pub async fn serve_until_active(
                 Error::invalid(format!("bad TLS certificate or key: {e}; give PEM files"))
             })?;
     }
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(duplicate(grpc)?);
+    // The standby's ports are bounded like the active's: a flood must not
+    // use up the files the coordinator needs when it takes over.
+    let gate = crate::connections::Gate::new(limits);
+    let incoming = crate::server::gated(duplicate(grpc)?, gate.clone());
     let server = builder
         .add_service(FarmRefusal(msg.clone()))
         .add_service(WorkRefusal(msg.clone()))
@@ -152,23 +156,13 @@ pub async fn serve_until_active(
             let listener = duplicate(l)?;
             let app = http_app(msg.clone());
             let done = wait_stop(stopped.clone());
-            Some(match tls {
-                Some((cert, key)) => {
-                    let acceptor = crate::api::tls::acceptor(cert, key)?;
-                    let listener = crate::api::tls::TlsListener::new(listener, acceptor)
-                        .map_err(|e| Error::io("cannot serve HTTPS".into(), e))?;
-                    tokio::spawn(async move {
-                        let _ = axum::serve(listener, app)
-                            .with_graceful_shutdown(done)
-                            .await;
-                    })
-                }
-                None => tokio::spawn(async move {
-                    let _ = axum::serve(listener, app)
-                        .with_graceful_shutdown(done)
-                        .await;
-                }),
-            })
+            let tls = tls
+                .map(|(cert, key)| crate::api::tls::acceptor(cert, key))
+                .transpose()?;
+            let gate = gate.clone();
+            Some(tokio::spawn(async move {
+                let _ = crate::http::serve_app(listener, tls, gate, done, |_| app).await;
+            }))
         }
         None => None,
     };
