@@ -65,7 +65,9 @@ pub fn connection_limits(a: &CoordinatorArgs) -> Result<ConnectionLimits> {
         Some(n) => n,
         // Leave a quarter of the files for the store, blobs and logs.
         None => open_file_limit().map_or(4096, |n| {
-            usize::try_from(n / 4 * 3).unwrap_or(usize::MAX).clamp(64, 16_384)
+            usize::try_from(n / 4 * 3)
+                .unwrap_or(usize::MAX)
+                .clamp(64, 16_384)
         }),
     };
     if a.max_connections_per_address == 0 {

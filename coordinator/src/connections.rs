@@ -290,9 +290,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
     }
 }
 
-impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connected
-    for Watched<IO>
-{
+impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connected for Watched<IO> {
     type ConnectInfo = IO::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
@@ -368,11 +366,11 @@ where
                     return Poll::Ready(Some(Err(BodyStalled(this.timeout).into())));
                 }
                 this.waiting_since = Some(now);
-                this.timer.as_mut().reset(now + (this.timeout - this.waited));
+                this.timer
+                    .as_mut()
+                    .reset(now + (this.timeout - this.waited));
                 match this.timer.as_mut().poll(cx) {
-                    Poll::Ready(()) => {
-                        Poll::Ready(Some(Err(BodyStalled(this.timeout).into())))
-                    }
+                    Poll::Ready(()) => Poll::Ready(Some(Err(BodyStalled(this.timeout).into()))),
                     Poll::Pending => Poll::Pending,
                 }
             }
@@ -413,7 +411,9 @@ mod tests {
         assert_eq!(gate.admit(b).unwrap_err(), Refusal::Total);
         drop(a1);
         assert!(gate.admit(b).is_ok(), "a closed connection frees its place");
-        assert!(Refusal::Total.message(gate.limits()).contains("--max-connections"));
+        assert!(Refusal::Total
+            .message(gate.limits())
+            .contains("--max-connections"));
     }
 
     #[tokio::test(start_paused = true)]
@@ -438,8 +438,12 @@ mod tests {
         // Once its head is in, only the idle timeout applies.
         let (mut client, server) = tokio::io::duplex(64);
         let mut watched = Watched::new(server, gate.admit(ip).unwrap(), 4);
-        tokio::io::AsyncWriteExt::write_all(&mut client, b"PRI ").await.unwrap();
-        let n = tokio::io::AsyncReadExt::read(&mut watched, &mut buf).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut client, b"PRI ")
+            .await
+            .unwrap();
+        let n = tokio::io::AsyncReadExt::read(&mut watched, &mut buf)
+            .await
+            .unwrap();
         assert_eq!(n, 4);
         let read_at = Instant::now();
         let e = tokio::io::AsyncReadExt::read(&mut watched, &mut buf)
@@ -477,7 +481,11 @@ mod tests {
         let started = Instant::now();
         let e = Paced::new(Chunks(rx), timeout).collect().await.unwrap_err();
         assert!(e.to_string().contains("--body-timeout"), "{e}");
-        assert!(started.elapsed() <= Duration::from_secs(4), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() <= Duration::from_secs(4),
+            "{:?}",
+            started.elapsed()
+        );
 
         // 2 KiB a second for 10 s, with the server's own pauses not counted.
         let (tx, rx) = tokio::sync::mpsc::channel(4);

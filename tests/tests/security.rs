@@ -8,6 +8,8 @@ use std::time::Duration;
 use tessera_proto as pb;
 use tessera_tests::*;
 
+#[path = "security/connections.rs"]
+mod connections;
 #[path = "security/holes.rs"]
 mod holes;
 #[path = "security/lanes.rs"]
