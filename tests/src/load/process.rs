@@ -52,6 +52,12 @@ impl CoordinatorProcess {
                 listen,
                 "--http",
                 "127.0.0.1:0",
+                // Every fake worker connects from loopback: one address
+                // stands for a whole farm's.
+                "--max-connections-per-address",
+                "1000000",
+                "--max-connections",
+                "1000000",
                 "--data",
             ])
             .arg(data)
