@@ -421,9 +421,19 @@ impl Farm {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // A panic while holding the lock leaves state that was never written
-        // half-changed in memory only; the store is the truth, so carry on.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        match self.state.lock() {
+            Ok(st) => st,
+            Err(poisoned) => {
+                // A panic while holding the lock may have left a change half
+                // made in memory (reference counts, indexes); the store is
+                // the truth, so memory is rebuilt from it before anyone
+                // reads it, as after a failed write.
+                let mut st = poisoned.into_inner();
+                self.state.clear_poison();
+                self.rebuild_after_panic(&mut st);
+                st
+            }
+        }
     }
 
     fn count_stat(&self, f: impl FnOnce(&mut Stats)) {

@@ -535,3 +535,42 @@ fn pause_requeues_running_tasks_and_resume_continues() {
     assert_eq!(again.attempt, 1, "a pause charges no attempt");
     assert!(matches!(f.farm.retry(job), Err(Error::Conflict(_))));
 }
+
+#[test]
+fn a_panic_under_the_state_lock_rebuilds_the_state_from_the_store() {
+    let f = fixture();
+    let job = f.farm.submit(sub(f.scene, "1-2", 1)).unwrap();
+    let scene = f.scene;
+    // A panic halfway through a change: the scene's reference released in
+    // memory (as an install would before writing), never stored.
+    let farm = &f.farm;
+    let now = f.clock.now_ms();
+    let panicked = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut st = farm.lock();
+            if st.refs.release(&scene) {
+                st.garbage.insert(scene, now);
+            }
+            st.jobs.get_mut(&job).unwrap().priority = 99;
+            panic!("a bug halfway through a change");
+        })
+        .join()
+        .is_err()
+    });
+    assert!(panicked);
+    // Past every grace period, the collector must not free the live scene.
+    f.clock.advance(10 * f.farm.config().blob_grace_ms);
+    f.farm.collect_garbage();
+    assert!(
+        f.blobs.contains(&scene),
+        "the collector freed a live job's scene after a panic"
+    );
+    assert_eq!(
+        f.farm.lock().jobs[&job].priority,
+        0,
+        "memory is the store's again"
+    );
+    // And the farm goes on: the job's tasks lease as before.
+    let w = worker(&f.farm, "w");
+    assert!(f.farm.try_lease(&w, &HashSet::new()).unwrap().is_some());
+}

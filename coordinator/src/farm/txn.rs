@@ -156,7 +156,12 @@ impl Committer {
                 .iter()
                 .flat_map(|e| e.records.iter().map(Owned::record))
                 .collect();
-            let result = self.store.write(&records);
+            // A batch of barriers only (see `rebuild_after_panic`) writes nothing.
+            let result = if records.is_empty() {
+                Ok(())
+            } else {
+                self.store.write(&records)
+            };
             drop(records);
             {
                 let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
@@ -199,32 +204,87 @@ impl Committer {
         }
     }
 
-    /// Makes memory equal the store again, keeping what is not stored
-    /// (health, the event channel, parked lease calls, which are woken).
     fn rebuild(&self, st: &mut State) {
-        let now = self.clock.now_ms();
-        match State::recover(&*self.store, &*self.blobs, now, self.lease_ttl_ms) {
-            Ok(mut fresh) => {
-                fresh.health = std::mem::take(&mut st.health);
-                fresh.events = st.events.take();
-                fresh.commits = st.commits.take();
-                fresh.touched = std::mem::take(&mut st.touched);
-                fresh.next_job = fresh.next_job.max(st.next_job);
-                fresh.waiters = std::mem::take(&mut st.waiters);
-                fresh.next_waiter = st.next_waiter;
-                *st = fresh;
-                st.wake_all();
-            }
-            Err(e) => {
-                tracing::error!(
-                    "cannot read the store back after a failed write ({e}); stop the coordinator and check its --data volume"
-                );
-            }
+        rebuild(
+            &*self.store,
+            &*self.blobs,
+            self.clock.now_ms(),
+            self.lease_ttl_ms,
+            st,
+        );
+    }
+}
+
+/// Makes memory equal the store again, keeping what is not stored
+/// (health, the event channel, parked lease calls, which are woken).
+fn rebuild(
+    store: &dyn MetaStore,
+    blobs: &dyn BlobStore,
+    now: u64,
+    lease_ttl_ms: u64,
+    st: &mut State,
+) {
+    match State::recover(store, blobs, now, lease_ttl_ms) {
+        Ok(mut fresh) => {
+            fresh.health = std::mem::take(&mut st.health);
+            fresh.events = st.events.take();
+            fresh.commits = st.commits.take();
+            fresh.touched = std::mem::take(&mut st.touched);
+            fresh.next_job = fresh.next_job.max(st.next_job);
+            fresh.waiters = std::mem::take(&mut st.waiters);
+            fresh.next_waiter = st.next_waiter;
+            *st = fresh;
+            st.wake_all();
+        }
+        Err(e) => {
+            tracing::error!(
+                "cannot read the store back to rebuild the state ({e}); stop the coordinator and check its --data volume"
+            );
         }
     }
 }
 
+/// How long a rebuild after a panic waits for the writes queued before it.
+const DRAIN_BEFORE_REBUILD: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Farm {
+    /// Makes `st`, which a panic left half-changed (a poisoned lock), equal
+    /// the store again: reference counts, indexes and queues computed on a
+    /// change that never finished must not let the collector free a live
+    /// blob. Waits first for the changes already queued to be written, so
+    /// the store read back holds them.
+    pub(super) fn rebuild_after_panic(&self, st: &mut State) {
+        tracing::error!(
+            "a panic interrupted a change to the farm's state; rebuilding it from the store"
+        );
+        let done = Arc::new(Slot::default());
+        let barrier = Entry {
+            records: Vec::new(),
+            done: done.clone(),
+        };
+        if let Some(tx) = &st.commits {
+            if tx.send(barrier).is_ok() {
+                // Bounded: the committer takes this lock when a write fails.
+                let r = done.result.lock().unwrap_or_else(|e| e.into_inner());
+                let (r, timeout) = done
+                    .ready
+                    .wait_timeout_while(r, DRAIN_BEFORE_REBUILD, |r| r.is_none())
+                    .unwrap_or_else(|e| e.into_inner());
+                if timeout.timed_out() {
+                    tracing::warn!("the writes queued before the panic are not stored yet; rebuilding without them");
+                }
+                drop(r);
+            }
+        }
+        rebuild(
+            &*self.store,
+            &*self.blobs,
+            self.clock.now_ms(),
+            self.config.lease_ttl_ms,
+            st,
+        );
+    }
+
     /// Queues `records` for the store; call with the state lock held, then
     /// install the change, drop the lock and wait for the ticket.
     pub(super) fn commit(&self, st: &State, records: Vec<Owned>) -> Ticket {
