@@ -51,6 +51,16 @@ impl AccessState {
             ..Default::default()
         }
     }
+
+    /// Drops what was derived from a job that left memory: its file set's
+    /// sorted entries (when no other job has that set) and its owner's
+    /// cache of referenced blobs, which is rebuilt from the jobs left.
+    pub(super) fn forget_job(&mut self, owner: &str, file_set: Option<&Digest>) {
+        if let Some(d) = file_set {
+            self.sorted_files.remove(d);
+        }
+        self.referenced.remove(owner);
+    }
 }
 
 impl Farm {

@@ -355,6 +355,7 @@ impl Farm {
             }
         };
         ticket.wait()?;
+        gc::return_freed_memory();
         self.purge_later(id);
         self.react();
         tracing::info!(job = %id, "job deleted");
@@ -398,6 +399,9 @@ impl Farm {
                 Ok(_) => n += 1,
                 Err(e) => tracing::warn!(job = %id, "cannot archive: {e}"),
             }
+        }
+        if n > 0 {
+            gc::return_freed_memory();
         }
         n
     }

@@ -376,6 +376,16 @@ impl State {
                 self.garbage.insert(d, now);
             }
         }
+        // A file set can hold a million entries: its lists go with the
+        // last job that uses it.
+        let shared = job
+            .file_set
+            .filter(|d| self.jobs.values().any(|j| j.file_set == Some(*d)));
+        let unused = job.file_set.filter(|_| shared.is_none());
+        if let Some(d) = &unused {
+            self.file_sets.remove(d);
+        }
+        self.access.forget_job(&job.owner, unused.as_ref());
         let keys: Vec<(JobId, u32)> = self
             .to_stitch
             .range((id, 0)..=(id, u32::MAX))

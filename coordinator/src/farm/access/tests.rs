@@ -479,6 +479,25 @@ fn a_job_names_only_file_sets_and_files_its_submitter_uploaded() {
     f.farm.check_read(&alice, &texture).unwrap();
     f.farm.check_read(&bob, &texture).unwrap();
     assert!(f.farm.check_read(&bob, &set).is_err());
+
+    // Deleted, the job takes its file set's lists (which can hold a million
+    // entries) out of memory with it. (A miss fills alice's cache.)
+    assert!(f.farm.check_read(&alice, &Digest::of(b"not hers")).is_err());
+    {
+        let st = f.farm.lock();
+        assert!(st.file_sets.contains_key(&set));
+        assert!(st.access.sorted_files.contains_key(&set));
+        assert!(st.access.referenced.contains_key("alice"));
+    }
+    f.farm.cancel(job).unwrap();
+    f.farm.delete(job).unwrap();
+    let st = f.farm.lock();
+    assert!(st.file_sets.is_empty(), "the deleted job's file set is kept");
+    assert!(st.access.sorted_files.is_empty(), "its sorted entries are kept");
+    assert!(
+        !st.access.referenced.contains_key("alice"),
+        "its owner's referenced blobs are kept"
+    );
 }
 
 #[test]
