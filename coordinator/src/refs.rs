@@ -36,6 +36,11 @@ impl BlobRefs {
             }
             Some(_) => {
                 self.counts.remove(d);
+                // A map never shrinks by itself: after a job with a million
+                // files goes, its counts' table would stay allocated.
+                if self.counts.capacity() > 4096 && self.counts.len() < self.counts.capacity() / 4 {
+                    self.counts.shrink_to_fit();
+                }
                 true
             }
             None => {

@@ -51,10 +51,23 @@ impl Timed {
             self.order.pop_front();
             if self.at.get(&d) == Some(&at) {
                 self.at.remove(&d);
+                self.shrink();
                 return Some(d);
             }
         }
+        self.shrink();
         None
+    }
+
+    /// Gives back the room of a large batch once it is mostly gone (the
+    /// entries of a deleted job's million-file set pass through here).
+    fn shrink(&mut self) {
+        if self.at.capacity() > 4096 && self.at.len() < self.at.capacity() / 4 {
+            self.at.shrink_to_fit();
+        }
+        if self.order.capacity() > 4096 && self.order.len() < self.order.capacity() / 4 {
+            self.order.shrink_to_fit();
+        }
     }
 
     /// Forgets marks older than `t`.
