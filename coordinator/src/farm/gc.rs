@@ -130,6 +130,11 @@ impl Farm {
         if deleted > 0 {
             tracing::debug!(deleted, "unreferenced blobs collected");
         }
+        drop(st);
+        if deleted >= MAX_DELETES_PER_PASS / 2 {
+            // A large batch (a deleted job's file set) freed its marks.
+            return_freed_memory();
+        }
         deleted
     }
 }

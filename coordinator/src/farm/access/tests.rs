@@ -492,8 +492,14 @@ fn a_job_names_only_file_sets_and_files_its_submitter_uploaded() {
     f.farm.cancel(job).unwrap();
     f.farm.delete(job).unwrap();
     let st = f.farm.lock();
-    assert!(st.file_sets.is_empty(), "the deleted job's file set is kept");
-    assert!(st.access.sorted_files.is_empty(), "its sorted entries are kept");
+    assert!(
+        st.file_sets.is_empty(),
+        "the deleted job's file set is kept"
+    );
+    assert!(
+        st.access.sorted_files.is_empty(),
+        "its sorted entries are kept"
+    );
     assert!(
         !st.access.referenced.contains_key("alice"),
         "its owner's referenced blobs are kept"
