@@ -380,3 +380,58 @@ fn a_broken_blob_store_refuses_new_work_and_keeps_what_it_has() {
         ],
     );
 }
+
+/// Issue 21 part 8: the only worker, restarted mid-job (twice) under its
+/// own name and cache, finishes the job. (The hang itself, a task that
+/// failed on a machine once the other workers left, is reproduced in
+/// `farm::trust_tests::a_task_no_available_worker_may_take_says_why_until_a_restart`.)
+#[test]
+fn the_only_worker_restarted_mid_job_finishes_it() {
+    let scene = scene(&[
+        "--kind",
+        "anim",
+        "--width",
+        "96",
+        "--height",
+        "72",
+        "--samples",
+        "64",
+        "--frames",
+        "6",
+    ]);
+    let dir = scratch();
+    let coord = Coordinator::start(
+        &dir.path().join("data"),
+        "127.0.0.1:0",
+        &["--lease-ttl", "2"],
+    );
+    let mut solo = worker(&coord.url, dir.path(), "solo");
+    let job = submit(&coord.url, &scene, &["--frames", "1-6"]);
+    for round in 0..2 {
+        // Mid-task: a frame is being rendered.
+        wait_for(&coord.url, job, LONG, "a task to be leased", |j| {
+            j["tasks"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t["state"] == "leased"))
+        });
+        solo.kill9();
+        solo = worker(&coord.url, dir.path(), "solo");
+        eprintln!("restarted the worker ({round})");
+    }
+    // Every runnable task must be leased or come with a reason; the job
+    // then finishes on the restarted worker.
+    let start = Instant::now();
+    let done = loop {
+        let j = status(&coord.url, job);
+        if j["state"] == "done" || j["state"] == "failed" {
+            break j;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the job hangs after the worker's restart: {j:#}\n{}",
+            solo.log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(done["state"], "done", "{done:#}");
+}

@@ -122,6 +122,9 @@ impl Farm {
                 least.id
             ));
         }
+        if let Some(why) = self.unleasable(st, job, &usable, now) {
+            return Some(why);
+        }
         let stalled = st
             .stitch_errors
             .iter()
@@ -408,6 +411,48 @@ impl Farm {
 }
 
 impl Farm {
+    /// Why no available worker that could render `job` may take any of its
+    /// ready tasks, when none may and none of its tasks runs: each failed
+    /// on those workers (on their machines, or on each of them while other
+    /// workers are online). Without this, such a job waits with no reason.
+    fn unleasable(
+        &self,
+        st: &State,
+        job: &Job,
+        usable: &[&WorkerRecord],
+        now: u64,
+    ) -> Option<String> {
+        let index = st.index.get(&job.id)?;
+        if index.ready.is_empty() || index.counts.leased > 0 {
+            return None;
+        }
+        let online = || st.workers.values().filter(|w| self.online(w, now)).count();
+        if usable
+            .iter()
+            .any(|w| scheduler::first_ready(st, job.id, &w.id, &online).is_some())
+        {
+            return None;
+        }
+        let ids: Vec<&str> = usable.iter().map(|w| w.id.0.as_str()).collect();
+        let tasks = st.tasks.get(&job.id)?;
+        let machine = index.ready.iter().any(|&i| {
+            tasks
+                .get(i as usize)
+                .is_some_and(|t| !t.machine_failed_on.is_empty())
+        });
+        Some(if machine {
+            format!(
+                "waiting: its ready tasks failed on the machine of every available worker ({}); fix the machine (disk space, permissions, mounts) and restart its worker, which then tries them again, or add a worker",
+                ids.join(", ")
+            )
+        } else {
+            format!(
+                "waiting: its ready tasks failed on every available worker ({}), and go to another online worker first; add a worker, or retry the job",
+                ids.join(", ")
+            )
+        })
+    }
+
     /// Why no available worker can render `job`: its requirements, and,
     /// when no available worker has a Blender of the version it asks for,
     /// that version and the farm's.

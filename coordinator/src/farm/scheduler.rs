@@ -59,7 +59,7 @@ fn may_serve(
 
 /// The first ready task of `job` that `worker` may take: not one that failed
 /// on its machine, nor one it failed unless every online worker has.
-fn first_ready(
+pub(super) fn first_ready(
     st: &State,
     job: JobId,
     worker: &WorkerId,

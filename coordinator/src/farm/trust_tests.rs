@@ -595,3 +595,48 @@ fn a_tiled_frame_rendered_again_is_stitched_from_its_new_tiles_only() {
     assert_eq!(digest(&after, 1), old1);
     assert!(digest(&after, 2).is_some() && digest(&after, 2) != old2);
 }
+
+/// Issue 21 part 8: a task that failed on one machine while another worker
+/// could take it, after that worker left, is leasable by no one: the job
+/// says why instead of `waiting: ""`, and the first machine, restarted,
+/// gets another chance and finishes it.
+#[test]
+fn a_task_no_available_worker_may_take_says_why_until_a_restart() {
+    let f = fixture();
+    let mut s = submission(f.scene, "1", "");
+    s.scene_info = None;
+    let job = f.farm.submit(s).unwrap();
+    let (a, b) = (worker(&f.farm, "a"), worker(&f.farm, "b"));
+    let l = f.farm.try_lease(&a, &HashSet::new()).unwrap().unwrap();
+    let out = f
+        .farm
+        .fail(l.lease, "cannot write the cache", "", FailureScope::Machine)
+        .unwrap();
+    assert_eq!(out, FailOutcome::Retry, "b could take it");
+    // b goes away; a keeps asking for work and gets none.
+    f.clock.advance(3 * f.farm.config().lease_ttl_ms);
+    assert!(f.farm.try_lease(&a, &HashSet::new()).unwrap().is_none());
+    let snap = f.farm.job(job).unwrap();
+    assert_eq!(snap.job.state, JobState::Running);
+    let why = snap.waiting.unwrap_or_default();
+    assert!(
+        why.contains("failed on the machine of every available worker") && why.contains(&a.0),
+        "a runnable task nobody may take must say why: {why:?}"
+    );
+    // a's machine, restarted (registering under its id), is tried again.
+    let again = f
+        .farm
+        .register(Registration {
+            blender_version: "Blender 3.4.1".into(),
+            name: "a".into(),
+            slots: 1,
+            previous: Some(a.clone()),
+            ..Default::default()
+        })
+        .unwrap()
+        .0;
+    assert_eq!(again, a);
+    let l = f.farm.try_lease(&a, &HashSet::new()).unwrap();
+    assert!(l.is_some(), "the restarted worker gets the task");
+    let _ = b;
+}

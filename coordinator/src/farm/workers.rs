@@ -59,10 +59,19 @@ impl Farm {
         };
         tracing::info!(worker = %id, name = %record.name, slots = record.slots, "worker registered");
         let ticket = self.commit(&st, vec![Owned::Worker(record.clone())]);
+        let came_back = old.is_some();
         st.workers.insert(id.clone(), record);
+        let retried = if came_back {
+            self.retry_machine_failures(&mut st, &id)
+        } else {
+            Vec::new()
+        };
         st.announce(FarmEvent::Worker(id.clone()));
         drop(st);
         ticket.wait()?;
+        for t in retried {
+            t.wait()?;
+        }
         Ok((id, self.config.lease_ttl_ms))
     }
 
@@ -73,6 +82,38 @@ impl Farm {
             .ok_or_else(|| Error::NotFound(format!("worker {worker} (register again)")))?;
         w.last_seen_ms = now;
         Ok(())
+    }
+
+    /// A worker that comes back (restarted, perhaps once its machine was
+    /// fixed) may try again the queued tasks that failed on its machine:
+    /// otherwise, once the workers that could take them leave, they wait
+    /// for ever. Scans only the open jobs this worker has failed.
+    fn retry_machine_failures(&self, st: &mut State, worker: &WorkerId) -> Vec<Ticket> {
+        let jobs: Vec<JobId> = st
+            .jobs
+            .values()
+            .filter(|j| !j.state.is_final() && j.failures_by_worker.contains_key(&worker.0))
+            .map(|j| j.id)
+            .collect();
+        let mut tickets = Vec::new();
+        for id in jobs {
+            let changed: Vec<Task> = st.tasks[&id]
+                .iter()
+                .filter(|t| t.state == TaskState::Queued && t.machine_failed_on.contains(worker))
+                .map(|t| {
+                    let mut t = t.clone();
+                    t.machine_failed_on.retain(|w| w != worker);
+                    t
+                })
+                .collect();
+            if changed.is_empty() {
+                continue;
+            }
+            tracing::info!(job = %id, worker = %worker, tasks = changed.len(), "a worker came back: the tasks that failed on its machine may go to it again");
+            let job = st.jobs[&id].clone();
+            tickets.push(self.save(st, job, changed, Vec::new()));
+        }
+        tickets
     }
 
     pub(super) fn online(&self, w: &WorkerRecord, now: u64) -> bool {
