@@ -48,6 +48,26 @@ def upload_cancelled_midway():
             "error": up.error, "sent": list(up.sent), "traceback": False}
 
 
+def save_userpref(token):
+    """Saves Blender's preferences as the artist does, and says where the
+    token ended up: in userpref.blend (readable by anyone who can read the
+    config folder) or in the add-on's token file, and that file's mode."""
+    bpy.ops.wm.save_userpref()
+    config = bpy.utils.user_resource("CONFIG")
+    with open(os.path.join(config, "userpref.blend"), "rb") as f:
+        in_userpref = token.encode() in f.read()
+    from tessera import props  # the installed add-on's module
+    # An add-on without a token file keeps the token in its preferences only.
+    path = props.token_file() if hasattr(props, "token_file") else None
+    exists = path is not None and os.path.exists(path)
+    mode = os.stat(path).st_mode & 0o777 if exists else None
+    with open(path if exists else os.devnull, "rb") as f:
+        in_file = token.encode() in f.read()
+    return {"op": "save_userpref", "token_in_userpref": in_userpref,
+            "token_file": path, "token_file_mode": mode, "token_in_file": in_file,
+            "traceback": False}
+
+
 def main():
     argv = sys.argv[sys.argv.index("--") + 1:]
     p = argparse.ArgumentParser()
@@ -76,6 +96,9 @@ def main():
             continue
         if name == "upload_cancelled_midway":
             results.append(upload_cancelled_midway())
+            continue
+        if name == "save_userpref":
+            results.append(save_userpref(prefs.token))
             continue
         step = {"op": name}
         try:

@@ -165,6 +165,24 @@ fn submit_then_fetch_a_scene_with_a_texture_and_a_library_equals_a_direct_render
     assert_same_pixels(&refs.join("ref_0001.png"), &frames.join("frame_0001.png"));
 }
 
+/// Issue 21 part 11: the token is kept in a file only its owner reads, not
+/// in Blender's `userpref.blend` (which was mode 644).
+#[test]
+fn the_token_is_kept_in_a_file_only_its_owner_reads() {
+    let dir = scratch();
+    let scene = asset_scene(dir.path(), "library");
+    let token = "tessera-test-token-3f9a1c";
+    let (v, log) = drive(
+        &scene,
+        prefs("http://127.0.0.1:9", token),
+        json!([["save_userpref", {}]]),
+    );
+    let s = step(&v, "save_userpref");
+    assert_eq!(s["token_in_userpref"], false, "the token is in userpref.blend\n{log}");
+    assert_eq!(s["token_in_file"], true, "{s}\n{log}");
+    assert_eq!(s["token_file_mode"], 0o600, "{s}");
+}
+
 #[test]
 fn an_unreachable_coordinator_and_a_missing_texture_are_reported_in_words() {
     let dir = scratch();

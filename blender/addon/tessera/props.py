@@ -1,5 +1,11 @@
-"""The add-on's preferences (where the token lives: never in the .blend) and
-the scene's job settings (`scene.tessera`)."""
+"""The add-on's preferences and the scene's job settings (`scene.tessera`).
+
+The token is kept in a file of its own, `tessera.token` in Blender's user
+config folder, readable only by its owner: never in the .blend, and not in
+`userpref.blend`, which Blender writes readable by everyone."""
+
+import os
+import sys
 
 import bpy
 from bpy.props import (EnumProperty, FloatProperty, IntProperty, PointerProperty,
@@ -14,6 +20,60 @@ def prefs(context=None):
     return context.preferences.addons[PACKAGE].preferences
 
 
+def token_file():
+    """Where the token is kept."""
+    return os.path.join(bpy.utils.user_resource("CONFIG"), "tessera.token")
+
+
+def _write_token(value):
+    path = token_file()
+    if not value:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        # A file an older tool made may be wider: narrow it first.
+        os.fchmod(fd, 0o600)
+        os.write(fd, (value + "\n").encode("utf-8"))
+    finally:
+        os.close(fd)
+
+
+def _get_token(self):
+    try:
+        with open(token_file(), encoding="utf-8") as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        print("Tessera: cannot read the token from %s: %s; check its permissions"
+              % (token_file(), e), file=sys.stderr)
+        return ""
+    # Earlier versions kept the token in the preferences: move it out.
+    old = self.get("token")
+    if isinstance(old, str) and old.strip():
+        try:
+            _write_token(old.strip())
+            del self["token"]
+        except (OSError, TypeError) as e:
+            print("Tessera: cannot move the token to %s: %s" % (token_file(), e),
+                  file=sys.stderr)
+        return old.strip()
+    return ""
+
+
+def _set_token(self, value):
+    try:
+        _write_token((value or "").strip())
+    except OSError as e:
+        print("Tessera: cannot write the token to %s: %s; check the folder's permissions"
+              % (token_file(), e), file=sys.stderr)
+
+
 class TesseraPreferences(bpy.types.AddonPreferences):
     bl_idname = PACKAGE
 
@@ -21,9 +81,9 @@ class TesseraPreferences(bpy.types.AddonPreferences):
         name="Coordinator URL", default="http://127.0.0.1:7879",
         description="The coordinator's HTTP address (tessera coordinator --http ADDR)")
     token: StringProperty(
-        name="Token", subtype="PASSWORD", default="",
-        description="Your token (tessera users add NAME prints one); kept in Blender's "
-                    "preferences, never in the .blend")
+        name="Token", subtype="PASSWORD", default="", get=_get_token, set=_set_token,
+        description="Your token (tessera users add NAME prints one); kept in tessera.token "
+                    "in Blender's config folder, readable only by you, never in a .blend")
     ca_file: StringProperty(
         name="CA file", subtype="FILE_PATH", default="",
         description="For https:// URLs: the CA certificate (PEM) that signed the coordinator's")
