@@ -27,6 +27,7 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -q -- -D warnings
 echo "== build"
 cargo build --workspace --all-targets -q
+ensure_bpy_runtime target/debug/tessera
 log="$(mktemp)"; trap 'rm -f "$log"' EXIT
 echo "== unit tests"
 cargo test --workspace --exclude tessera-tests 2>&1 | tee -a "$log"
