@@ -173,7 +173,7 @@ fn runtimes(reg: &Registration) -> Vec<crate::runtime::Runtime> {
             devices: Vec::new(),
         });
     }
-    list.sort_by(|a, b| b.version.cmp(&a.version));
+    list.sort_by_key(|r| std::cmp::Reverse(r.version));
     list.truncate(16);
     list
 }
