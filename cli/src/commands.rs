@@ -320,8 +320,8 @@ pub async fn run(cli: Cli) -> Result<()> {
             eprintln!("job {job} re-queued: {left} task(s) to render again");
             Ok(())
         }
-        Command::Blender(BlenderCommand::Install { version, runtimes }) => {
-            crate::runtimes::install(&version, runtimes).await
+        Command::Blender(BlenderCommand::Install { line, runtimes }) => {
+            crate::runtimes::install(&line, runtimes).await
         }
         Command::Blender(BlenderCommand::List { blender }) => crate::runtimes::list(&blender).await,
         Command::Workers(j) => {

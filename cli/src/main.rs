@@ -327,7 +327,8 @@ enum BlenderCommand {
     /// (`4.5.15`) as the `bpy` module, in a venv under the runtimes folder.
     Install {
         /// The line or release.
-        version: String,
+        #[arg(value_name = "VERSION")]
+        line: String,
         /// The runtimes folder (default: $TESSERA_RUNTIMES, else ~/.cache/tessera/runtimes).
         #[arg(long)]
         runtimes: Option<PathBuf>,

@@ -307,3 +307,30 @@ fn an_eevee_scene_with_textures_in_a_folder_with_spaces_renders_without_a_displa
     assert!(direct.status.success());
     assert_matches_reference(&out, &refs, 1..=2);
 }
+
+#[test]
+fn installing_a_line_without_its_python_names_the_fix() {
+    // Blender 5.1's wheels are built for Python 3.13, which this machine's
+    // PATH (reduced to the system folders) does not have.
+    let dir = scratch();
+    let out = Command::new(tessera())
+        .args(["blender", "install", "5.1", "--runtimes"])
+        .arg(dir.path())
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if std::path::Path::new("/usr/bin/python3.13").exists() {
+        eprintln!("skipped: this machine has /usr/bin/python3.13");
+        return;
+    }
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("needs Python 3.13") && err.contains("apt-get install python3.13"),
+        "{err}"
+    );
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+        "nothing is left behind"
+    );
+}
