@@ -94,6 +94,13 @@ pub fn scene(args: &[&str]) -> PathBuf {
     }
     let dir = DIR.get_or_init(scratch);
     let out = dir.path().join(format!("scene{}.blend", scenes.len()));
+    make_scene(&out, args);
+    scenes.push((key, out.clone()));
+    out
+}
+
+/// Builds a scene with `blender/make_scene.py` and Debian's Blender at `out`.
+pub fn make_scene(out: &Path, args: &[&str]) {
     let result = Command::new(blender())
         .args([
             "-b",
@@ -105,7 +112,7 @@ pub fn scene(args: &[&str]) -> PathBuf {
         .arg(root().join("blender/make_scene.py"))
         .arg("--")
         .arg("--out")
-        .arg(&out)
+        .arg(out)
         .args(args)
         .output()
         .expect("blender runs (install it: apt-get install blender)");
@@ -114,8 +121,21 @@ pub fn scene(args: &[&str]) -> PathBuf {
         "make_scene.py {args:?} failed:\n{}",
         String::from_utf8_lossy(&result.stdout)
     );
-    scenes.push((key, out.clone()));
-    out
+}
+
+/// Kills `pids` when this test process exits: for a farm a test file shares
+/// from a static, which is never dropped.
+pub fn reap_at_exit(pids: &[u32]) -> Child {
+    let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+    let script = format!(
+        "tail --pid={} -f /dev/null; kill -9 {} 2>/dev/null",
+        std::process::id(),
+        list.join(" ")
+    );
+    Command::new("sh")
+        .args(["-c", &script])
+        .spawn()
+        .expect("sh runs")
 }
 
 /// Renders frames `start..=end` of `scene` directly with Blender, one process,

@@ -27,21 +27,6 @@ struct Farm {
     _reaper: std::process::Child,
 }
 
-/// Kills `pids` when this test process exits: the shared farm lives in a
-/// static, which is never dropped.
-fn reap_at_exit(pids: &[u32]) -> std::process::Child {
-    let list: Vec<String> = pids.iter().map(u32::to_string).collect();
-    let script = format!(
-        "tail --pid={} -f /dev/null; kill -9 {} 2>/dev/null",
-        std::process::id(),
-        list.join(" ")
-    );
-    Command::new("sh")
-        .args(["-c", &script])
-        .spawn()
-        .expect("sh runs")
-}
-
 fn farm() -> &'static Farm {
     static FARM: OnceLock<Farm> = OnceLock::new();
     FARM.get_or_init(|| {

@@ -26,20 +26,6 @@ struct Farm {
     _reaper: std::process::Child,
 }
 
-/// Kills `pids` when this test process exits (the farm lives in a static).
-fn reap_at_exit(pids: &[u32]) -> std::process::Child {
-    let list: Vec<String> = pids.iter().map(u32::to_string).collect();
-    let script = format!(
-        "tail --pid={} -f /dev/null; kill -9 {} 2>/dev/null",
-        std::process::id(),
-        list.join(" ")
-    );
-    Command::new("sh")
-        .args(["-c", &script])
-        .spawn()
-        .expect("sh runs")
-}
-
 /// The shared farm, or None (said why) without a `bpy` runtime.
 fn farm() -> Option<&'static Farm> {
     static FARM: OnceLock<Option<Farm>> = OnceLock::new();
@@ -126,6 +112,18 @@ fn render(f: &Farm, scene: &Path, frames: &str, args: &[&str]) -> (u64, PathBuf)
     (job, out)
 }
 
+/// Asserts that job `job`'s frames in `out` equal a direct render of
+/// `scene` with the same Blender: Debian's (`python` None) or the `bpy`
+/// module at `python`.
+fn exact(f: &Farm, job: u64, out: &Path, scene: &Path, python: Option<&Path>) {
+    let refs = f.dir.path().join(format!("refs-{job}"));
+    match python {
+        Some(p) => bpy_reference(p, scene, 1, 2, &refs),
+        None => reference(scene, 1, 2, &refs),
+    }
+    assert_matches_reference(out, &refs, 1..=2);
+}
+
 #[test]
 fn each_worker_reports_each_runtime_with_what_it_renders() {
     let Some(f) = farm() else { return };
@@ -173,24 +171,18 @@ fn a_scene_saved_by_4_5_renders_on_4_5_and_a_3_4_scene_where_it_is_asked_to() {
     let (job, out) = render(f, &s45, "1-2", &[]);
     assert_eq!(status(&f.coord.url, job)["blender"], "^4.5");
     assert_eq!(rendered_by(f, job), ["new"]);
-    let refs = f.dir.path().join(format!("refs-{job}"));
-    bpy_reference(&f.python, &s45, 1, 2, &refs);
-    assert_matches_reference(&out, &refs, 1..=2);
+    exact(f, job, &out, &s45, Some(&f.python));
 
     // A 3.4 scene goes to 3.4 unless asked otherwise; asked for 4.5, it is
     // rendered by 4.5 exactly as 4.5 renders it directly.
     let s34 = scene(&["--frames", "2"]);
     let (job, out) = render(f, &s34, "1-2", &[]);
     assert_eq!(rendered_by(f, job), ["old"]);
-    let refs = f.dir.path().join(format!("refs-{job}"));
-    reference(&s34, 1, 2, &refs);
-    assert_matches_reference(&out, &refs, 1..=2);
+    exact(f, job, &out, &s34, None);
     let (job, out) = render(f, &s34, "1-2", &["--blender", "4.5"]);
     assert_eq!(status(&f.coord.url, job)["blender"], "4.5");
     assert_eq!(rendered_by(f, job), ["new"]);
-    let refs = f.dir.path().join(format!("refs-{job}"));
-    bpy_reference(&f.python, &s34, 1, 2, &refs);
-    assert_matches_reference(&out, &refs, 1..=2);
+    exact(f, job, &out, &s34, Some(&f.python));
 }
 
 #[test]
@@ -251,9 +243,7 @@ fn a_denoised_scene_renders_denoised_equal_to_a_direct_render() {
         "{st:#}"
     );
     assert_eq!(rendered_by(f, job), ["new"]);
-    let refs = f.dir.path().join(format!("refs-{job}"));
-    bpy_reference(&f.python, &s, 1, 2, &refs);
-    assert_matches_reference(&out, &refs, 1..=2);
+    exact(f, job, &out, &s, Some(&f.python));
 }
 
 #[test]
@@ -261,26 +251,18 @@ fn an_eevee_scene_with_textures_in_a_folder_with_spaces_renders_without_a_displa
     let Some(f) = farm() else { return };
     let dir = f.dir.path().join("eevee project/my shot");
     let s = dir.join("shot.blend");
-    let made = Command::new(blender())
-        .args([
-            "-b",
-            "--factory-startup",
-            "--python-exit-code",
+    let texture = dir.join("tex dir/checker board.png");
+    make_scene(
+        &s,
+        &[
+            "--frames",
             "2",
-            "--python",
-        ])
-        .arg(root().join("blender/make_scene.py"))
-        .arg("--")
-        .arg("--out")
-        .arg(&s)
-        .args(["--frames", "2", "--eevee", "--samples", "4", "--texture"])
-        .arg(dir.join("tex dir/checker board.png"))
-        .output()
-        .unwrap();
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stdout)
+            "--eevee",
+            "--samples",
+            "4",
+            "--texture",
+            texture.to_str().unwrap(),
+        ],
     );
     let (job, out) = render(f, &s, "1-2", &[]);
     let st = status(&f.coord.url, job);
@@ -294,18 +276,7 @@ fn an_eevee_scene_with_textures_in_a_folder_with_spaces_renders_without_a_displa
     );
     // Saved by 3.4: rendered by 3.4, whose EEVEE falls back to surfaceless EGL.
     assert_eq!(rendered_by(f, job), ["old"]);
-    let refs = f.dir.path().join(format!("refs-{job}"));
-    let direct = Command::new(blender())
-        .arg("-b")
-        .arg(&s)
-        .arg("-o")
-        .arg(refs.join("ref_####"))
-        .args(["-s", "1", "-e", "2", "-a"])
-        .env_remove("DISPLAY")
-        .output()
-        .unwrap();
-    assert!(direct.status.success());
-    assert_matches_reference(&out, &refs, 1..=2);
+    exact(f, job, &out, &s, None);
 }
 
 #[test]
