@@ -352,3 +352,340 @@ fn systemd_units_use_valid_config_files() {
         );
     }
 }
+
+/// The metric families a live coordinator's /metrics declares, with a
+/// histogram's `_bucket`, `_sum` and `_count` series.
+fn exported(metrics_url: &str, token: &str) -> std::collections::BTreeSet<String> {
+    let (status, body) = http_get_as(metrics_url, Some(token));
+    assert!(status.contains("200"), "{status}: {body}");
+    let mut names = std::collections::BTreeSet::new();
+    for line in body.lines() {
+        let mut words = line.split_whitespace();
+        if let (Some("#"), Some("TYPE"), Some(name), Some(kind)) =
+            (words.next(), words.next(), words.next(), words.next())
+        {
+            names.insert(name.to_string());
+            if kind == "histogram" {
+                for suffix in ["_bucket", "_sum", "_count"] {
+                    names.insert(format!("{name}{suffix}"));
+                }
+            }
+        }
+    }
+    names
+}
+
+/// The `tessera_*` names an expression uses.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("tessera_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        out.push(tail[..end].to_string());
+        rest = &tail[end..];
+    }
+    out
+}
+
+/// Every expression of the Grafana dashboard's panels, with its panel's title.
+fn dashboard_queries() -> Vec<(String, String)> {
+    let text =
+        std::fs::read_to_string(root().join("scripts/monitoring/grafana-dashboard.json")).unwrap();
+    let dash: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let mut out = Vec::new();
+    let mut stack: Vec<&serde_json::Value> = dash["panels"].as_array().unwrap().iter().collect();
+    while let Some(p) = stack.pop() {
+        if let Some(inner) = p["panels"].as_array() {
+            stack.extend(inner);
+        }
+        if p["type"] == "row" {
+            continue;
+        }
+        let title = p["title"].as_str().unwrap().to_string();
+        let targets = p["targets"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+        assert!(!targets.is_empty(), "panel {title:?} has no query");
+        for t in targets {
+            out.push((title.clone(), t["expr"].as_str().unwrap().to_string()));
+        }
+    }
+    out
+}
+
+/// The alert rules' expressions (the `expr:` lines of alerts.yml).
+fn alert_queries() -> Vec<String> {
+    let text = std::fs::read_to_string(root().join("scripts/monitoring/alerts.yml")).unwrap();
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("expr:"))
+        .map(|e| e.trim().to_string())
+        .collect()
+}
+
+/// Every query of the Grafana dashboard and of the alert rules names a
+/// metric that a live coordinator's /metrics exports.
+#[test]
+fn dashboard_and_alerts_query_metrics_the_coordinator_exports() {
+    let dir = scratch();
+    let coord = Coordinator::start(
+        &dir.path().join("data"),
+        "127.0.0.1:0",
+        &["--http", "127.0.0.1:0"],
+    );
+    let names = exported(coord.metrics.as_ref().unwrap(), &coord.admin_token());
+    assert!(
+        names.contains("tessera_gpu_temperature_celsius"),
+        "{names:?}"
+    );
+    let queries = dashboard_queries();
+    let titles: std::collections::BTreeSet<_> = queries.iter().map(|(t, _)| t.as_str()).collect();
+    // What the issue asks the dashboard to cover.
+    for panel in [
+        "Slots by state",
+        "Desired slots by class",
+        "Queue depth",
+        "Completions per second",
+        "GPU utilisation",
+        "GPU temperature",
+        "GPU memory used",
+        "ECC errors per day",
+        "Job progress",
+        "Job cost",
+        "Spot preemptions",
+    ] {
+        assert!(titles.contains(panel), "no {panel:?} panel in {titles:?}");
+    }
+    let mut checked = 0;
+    for (title, expr) in &queries {
+        let used = metric_names(expr);
+        assert!(
+            !used.is_empty(),
+            "panel {title:?}: {expr} names no tessera metric"
+        );
+        for name in used {
+            assert!(
+                names.contains(&name),
+                "panel {title:?}: {name} is not exported; /metrics has {names:?}"
+            );
+            checked += 1;
+        }
+    }
+    let alerts = alert_queries();
+    assert_eq!(alerts.len(), 9, "one rule per threshold: {alerts:?}");
+    for expr in &alerts {
+        for name in metric_names(expr) {
+            assert!(
+                names.contains(&name),
+                "alert {expr}: {name} is not exported"
+            );
+            checked += 1;
+        }
+    }
+    println!(
+        "{checked} metric names in {} panel queries and {} alert rules, all exported",
+        queries.len(),
+        alerts.len()
+    );
+}
+
+/// A free TCP port on loopback.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Percent-encodes a query parameter.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A real Prometheus (Debian's package) scrapes a real coordinator with a
+/// token, loads the alert rules, and answers every dashboard query.
+#[test]
+fn prometheus_scrapes_the_farm_with_a_token() {
+    if which("prometheus").is_none() && std::env::var_os("TESSERA_REQUIRE_SERVERS").is_none() {
+        eprintln!("skipped: prometheus is not installed (scripts/test.sh installs Debian's prometheus package)");
+        return;
+    }
+    let dir = scratch();
+    let coord = Coordinator::start(
+        &dir.path().join("data"),
+        "127.0.0.1:0",
+        &["--http", "127.0.0.1:0"],
+    );
+    let metrics = coord.metrics.clone().unwrap();
+    let target = metrics
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics")
+        .to_string();
+    // Prometheus reads its token from a file, as scripts/prometheus.yml says.
+    let out = cli_ok(
+        &coord.url,
+        &["users", "add", "prometheus", "--role", "user"],
+    );
+    let token_file = dir.path().join("prometheus.token");
+    std::fs::write(&token_file, out.trim()).unwrap();
+    // A worker with a declared GPU and its telemetry, so GPU series exist.
+    let telemetry = dir.path().join("telemetry.json");
+    std::fs::write(
+        &telemetry,
+        r#"[{"utilization_pct": 55, "memory_used_bytes": 1000000000, "temperature_c": 71, "power_w": 180.5, "ecc_errors": 2}]"#,
+    )
+    .unwrap();
+    let _worker = worker_with(
+        &coord.url,
+        dir.path(),
+        "gpu-box",
+        &[
+            "--fake-gpu",
+            "RTX A6000:48",
+            "--fake-telemetry",
+            telemetry.to_str().unwrap(),
+            "--telemetry-interval",
+            "0.5",
+        ],
+    );
+    // The shipped scrape configuration, pointed at this coordinator and token.
+    let shipped = std::fs::read_to_string(root().join("scripts/prometheus.yml")).unwrap();
+    let config = shipped
+        .replace("scrape_interval: 15s", "scrape_interval: 1s")
+        .replace("evaluation_interval: 15s", "evaluation_interval: 1s")
+        .replace(
+            "/etc/prometheus/tessera.token",
+            token_file.to_str().unwrap(),
+        )
+        .replace("127.0.0.1:7879", &target)
+        .replace(
+            "scripts/monitoring/alerts.yml",
+            root()
+                .join("scripts/monitoring/alerts.yml")
+                .to_str()
+                .unwrap(),
+        );
+    assert!(
+        config.contains(&target) && config.contains(token_file.to_str().unwrap()),
+        "{config}"
+    );
+    let config_path = dir.path().join("prometheus.yml");
+    std::fs::write(&config_path, config).unwrap();
+    let port = free_port();
+    let log = dir.path().join("prometheus.log");
+    let _prom = Proc {
+        child: Command::new("prometheus")
+            .arg(format!("--config.file={}", config_path.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+        log: log.clone(),
+    };
+    let api = format!("http://127.0.0.1:{port}/api/v1");
+    let query = |q: &str| -> serde_json::Value {
+        let url = format!("{api}/query?query={}", encode(q));
+        serde_json::from_str(&get_body(&url)).unwrap_or_default()
+    };
+    let gpu_seen = eventually(Duration::from_secs(60), || {
+        query("tessera_gpu_temperature_celsius")["data"]["result"]
+            .as_array()
+            .is_some_and(|r| !r.is_empty())
+    });
+    assert!(
+        gpu_seen,
+        "Prometheus never stored the farm's GPU series:\n{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    let r = query("tessera_gpu_temperature_celsius");
+    let series = &r["data"]["result"][0];
+    assert_eq!(series["metric"]["name"], "RTX A6000", "{r}");
+    assert_eq!(series["value"][1], "71", "{r}");
+    let up = query("up");
+    assert_eq!(
+        up["data"]["result"][0]["value"][1], "1",
+        "the scrape with the token succeeds: {up}"
+    );
+    // Every dashboard query is valid PromQL that this Prometheus answers.
+    for (title, expr) in dashboard_queries() {
+        let r = query(&expr);
+        assert_eq!(r["status"], "success", "panel {title:?}: {expr}: {r}");
+    }
+    // The alert rules loaded and evaluate without error.
+    let rules: serde_json::Value = eventually(Duration::from_secs(20), || {
+        let v: serde_json::Value =
+            serde_json::from_str(&get_body(&format!("{api}/rules"))).unwrap_or_default();
+        v["data"]["groups"].as_array().is_some_and(|g| g.len() == 2)
+    })
+    .then(|| serde_json::from_str(&get_body(&format!("{api}/rules"))).unwrap())
+    .unwrap_or_else(|| {
+        panic!(
+            "the rules did not load:\n{}",
+            std::fs::read_to_string(&log).unwrap()
+        )
+    });
+    let all: Vec<&serde_json::Value> = rules["data"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .collect();
+    assert_eq!(all.len(), 9, "{rules}");
+    let healthy = eventually(Duration::from_secs(20), || {
+        let v: serde_json::Value =
+            serde_json::from_str(&get_body(&format!("{api}/rules"))).unwrap_or_default();
+        v["data"]["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["rules"].as_array().unwrap())
+            .all(|r| r["health"] == "ok")
+    });
+    assert!(
+        healthy,
+        "a rule does not evaluate: {}",
+        get_body(&format!("{api}/rules"))
+    );
+    // Without the token, /metrics refuses Prometheus.
+    let (status, _) = http_get(&metrics);
+    assert!(status.contains("401"), "{status}");
+}
+
+/// The body of a GET as HTTP/1.0, so a large answer comes whole rather
+/// than chunked (Prometheus chunks its rule list).
+fn get_body(url: &str) -> String {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").expect("an http:// URL");
+    let (host, path) = rest.split_once('/').unwrap();
+    let Ok(mut s) = std::net::TcpStream::connect(host) else {
+        return String::new();
+    };
+    write!(s, "GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}
+
+/// The path of a program on PATH.
+fn which(program: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+    })
+}
