@@ -147,7 +147,11 @@ pub fn render(farm: &Farm, who: &crate::auth::Identity) -> String {
         &[("le", "+Inf")],
         (cumulative + stats.commit_slowest) as f64,
     );
-    o.sample("tessera_store_commit_seconds_sum", &[], stats.commit_seconds);
+    o.sample(
+        "tessera_store_commit_seconds_sum",
+        &[],
+        stats.commit_seconds,
+    );
     o.sample(
         "tessera_store_commit_seconds_count",
         &[],

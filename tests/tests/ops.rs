@@ -625,18 +625,18 @@ fn prometheus_scrapes_the_farm_with_a_token() {
         assert_eq!(r["status"], "success", "panel {title:?}: {expr}: {r}");
     }
     // The alert rules loaded and evaluate without error.
-    let rules: serde_json::Value = eventually(Duration::from_secs(20), || {
+    let loaded = eventually(Duration::from_secs(20), || {
         let v: serde_json::Value =
             serde_json::from_str(&get_body(&format!("{api}/rules"))).unwrap_or_default();
         v["data"]["groups"].as_array().is_some_and(|g| g.len() == 2)
-    })
-    .then(|| serde_json::from_str(&get_body(&format!("{api}/rules"))).unwrap())
-    .unwrap_or_else(|| {
-        panic!(
-            "the rules did not load:\n{}",
-            std::fs::read_to_string(&log).unwrap()
-        )
     });
+    assert!(
+        loaded,
+        "the rules did not load:\n{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    let rules: serde_json::Value =
+        serde_json::from_str(&get_body(&format!("{api}/rules"))).unwrap();
     let all: Vec<&serde_json::Value> = rules["data"]["groups"]
         .as_array()
         .unwrap()
@@ -688,4 +688,68 @@ fn which(program: &str) -> Option<std::path::PathBuf> {
             .map(|d| d.join(program))
             .find(|p| p.is_file())
     })
+}
+
+/// `--log-format json`: one task is followed across the coordinator's and
+/// the worker's logs by its job, task and lease fields.
+#[test]
+fn json_logs_follow_one_task_across_coordinator_and_worker() {
+    let dir = scratch();
+    let coord = Coordinator::start(
+        &dir.path().join("data"),
+        "127.0.0.1:0",
+        &["--log-format", "json"],
+    );
+    let worker = worker_with(
+        &coord.url,
+        dir.path(),
+        "json-logs",
+        &["--log-format", "json", "--slots", "1", "--device", "cpu"],
+    );
+    let scene = scene(&[]);
+    submit_wait(&coord.url, &scene, "1", &dir.path().join("out"));
+    let lines = |log: String| -> Vec<serde_json::Value> {
+        // Lines for a person (the admin token's note) are plain text.
+        log.lines()
+            .filter(|l| l.starts_with('{'))
+            .map(|l| {
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}"))
+            })
+            .collect()
+    };
+    let coord_lines = lines(coord.proc.log());
+    let leased = coord_lines
+        .iter()
+        .find(|l| l["fields"]["message"] == "task leased")
+        .unwrap_or_else(|| panic!("no `task leased` line: {coord_lines:?}"));
+    let fields = &leased["fields"];
+    let (job, task, lease) = (&fields["job"], &fields["task"], &fields["lease"]);
+    assert!(
+        job.is_string() && task.is_u64() && lease.is_string(),
+        "{leased}"
+    );
+    assert!(fields["worker"].is_string(), "{leased}");
+    assert!(
+        coord_lines
+            .iter()
+            .any(|l| l["fields"]["message"] == "task result received"
+                && l["fields"]["lease"] == *lease),
+        "the coordinator logs the result under the same lease"
+    );
+    // The worker's lines of that task carry the same job, task and lease.
+    let worker_lines = lines(worker.log());
+    let of_task: Vec<&serde_json::Value> = worker_lines
+        .iter()
+        .filter(|l| l["span"]["lease"] == *lease)
+        .collect();
+    let said = |m: &str| of_task.iter().any(|l| l["fields"]["message"] == m);
+    assert!(
+        said("task started") && said("task done"),
+        "{worker_lines:?}"
+    );
+    for l in &of_task {
+        assert_eq!(l["span"]["job"].to_string(), job.as_str().unwrap(), "{l}");
+        assert_eq!(l["span"]["task"], *task, "{l}");
+        assert_eq!(l["span"]["worker"], fields["worker"], "{l}");
+    }
 }
