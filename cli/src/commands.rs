@@ -117,6 +117,8 @@ pub async fn run(cli: Cli) -> Result<()> {
             blender,
         } => deps(&url, &scene, &blender, json.json).await,
         Command::Users(cmd) => users(&url, cmd).await,
+        // Printed by main before any runtime or connection starts.
+        Command::Config(_) => Ok(()),
         Command::Hash { files, stdin } => fileset::hash_command(files, stdin).await,
         Command::Jobs(j) => {
             let mut c = Client::new(&url)?;

@@ -156,11 +156,13 @@ impl Committer {
                 .iter()
                 .flat_map(|e| e.records.iter().map(Owned::record))
                 .collect();
+            let started = std::time::Instant::now();
             let result = self.store.write(&records);
+            let took = started.elapsed().as_secs_f64();
             drop(records);
             {
                 let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-                stats.commits += 1;
+                stats.commit_took(took);
                 stats.committed_changes += batch.len() as u64;
             }
             match result {
