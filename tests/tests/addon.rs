@@ -59,8 +59,8 @@ fn farm() -> &'static Farm {
             "a",
             &["--slots", "1", "--device", "cpu", "--tag", TAG_34],
         );
+        // A worker whose one Blender is the bpy runtime (a venv).
         let worker_45 = bpy_runtime().map(|venv| {
-            let blender = bpy_as_blender(&venv, dir.path());
             worker_with(
                 &coord.url,
                 dir.path(),
@@ -73,7 +73,7 @@ fn farm() -> &'static Farm {
                     "--tag",
                     TAG_BPY,
                     "--blender",
-                    blender.to_str().unwrap(),
+                    venv.to_str().unwrap(),
                 ],
             )
         });
@@ -192,31 +192,14 @@ impl Runtime {
     fn reference(&self, scene: &Path, dir: &Path) -> PathBuf {
         match self {
             Runtime::Binary(_) => reference(scene, 1, 1, dir),
-            Runtime::Module(venv) => {
-                let out = Command::new(venv.join("bin/python"))
-                    .arg("-I")
-                    .arg(root().join("tests/addon/bpy_blender.py"))
-                    .arg("-b")
-                    .arg(scene)
-                    .arg("-o")
-                    .arg(dir.join("ref_####"))
-                    .args(["-s", "1", "-e", "1", "-a"])
-                    .output()
-                    .expect("the bpy runtime runs");
-                assert!(
-                    out.status.success(),
-                    "reference render in the bpy runtime failed:\n{}{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
+            Runtime::Module(venv) => bpy_reference(&venv.join("bin/python"), scene, 1, 1, dir),
         }
         dir.join("ref_0001.png")
     }
 }
 
 /// The `bpy` runtime: `$TESSERA_BPY` (a venv, which must hold bpy when
-/// set), else `~/.cache/tessera/runtimes/bpy-4.5.15` when it exists.
+/// set), else the suite's 4.5 runtime ([`bpy_python`]).
 fn bpy_runtime() -> Option<PathBuf> {
     if let Some(venv) = std::env::var_os("TESSERA_BPY") {
         let venv = PathBuf::from(venv);
@@ -227,9 +210,8 @@ fn bpy_runtime() -> Option<PathBuf> {
         );
         return Some(venv);
     }
-    let home = std::env::var_os("HOME")?;
-    let venv = Path::new(&home).join(".cache/tessera/runtimes/bpy-4.5.15");
-    venv.join("bin/python").is_file().then_some(venv)
+    let python = bpy_python()?;
+    python.parent()?.parent().map(Path::to_path_buf)
 }
 
 /// The `bpy` runtime, or None after saying why `test` skips.
@@ -237,29 +219,11 @@ fn bpy_or_skip(test: &str) -> Option<Runtime> {
     let found = bpy_runtime().map(Runtime::Module);
     if found.is_none() {
         eprintln!(
-            "skipped {test}: no bpy runtime (TESSERA_BPY is unset and \
-             ~/.cache/tessera/runtimes/bpy-4.5.15 does not exist); make one with \
-             `python3.11 -m venv DIR && DIR/bin/pip install 'bpy==4.5.*'` and set TESSERA_BPY=DIR"
+            "skipped {test}: no bpy runtime (TESSERA_BPY is unset and none is installed); \
+             install one with `tessera blender install 4.5`, or set TESSERA_BPY to a venv with bpy"
         );
     }
     found
-}
-
-/// A `blender` executable for the worker that runs the `bpy` module in
-/// `venv` (tests/addon/bpy_blender.py): workers do not run `bpy` runtimes
-/// themselves yet. Absolute paths: the worker gives Blender a scrubbed
-/// environment.
-fn bpy_as_blender(venv: &Path, dir: &Path) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let path = dir.join("blender-bpy");
-    let script = format!(
-        "#!/bin/sh\nexec '{}' -I '{}' \"$@\"\n",
-        venv.join("bin/python").display(),
-        root().join("tests/addon/bpy_blender.py").display()
-    );
-    std::fs::write(&path, script).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    path
 }
 
 /// Runs `steps` in a headless Blender with the add-on installed afresh in
