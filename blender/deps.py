@@ -517,7 +517,10 @@ def strip_refs():
         if sc.sequence_editor is None:
             continue
         base = owner_dir(sc)
-        for strip in sc.sequence_editor.sequences_all:
+        editor = sc.sequence_editor
+        # `strips_all` since 4.4; `sequences_all`, its old name, is gone in 5.0.
+        strips = editor.strips_all if hasattr(editor, "strips_all") else editor.sequences_all
+        for strip in strips:
             label = "%s/%s" % (sc.name, strip.name)
             if strip.type == "IMAGE":
                 written_dir = strip.directory
@@ -597,14 +600,24 @@ def other_refs(refs):
         yield Ref("other", None, None, path, p)
 
 
+def compositor_tree(scene):
+    """The scene's compositor nodes, or None: `scene.node_tree` (with
+    `use_nodes`) up to 4.5; 5.0 removed it for `compositing_node_group`, a
+    node group of its own (already among bpy.data.node_groups)."""
+    if hasattr(scene, "compositing_node_group"):
+        return scene.compositing_node_group
+    return scene.node_tree if scene.use_nodes else None
+
+
 def denoise_needed(scene):
     c = getattr(scene, "cycles", None)
     if scene.render.engine == "CYCLES" and c is not None and c.use_denoising:
         for vl in scene.view_layers:
             if vl.use and getattr(vl.cycles, "use_denoising", True):
                 return True
-    if scene.use_nodes and scene.render.use_compositing and scene.node_tree is not None:
-        for node in scene.node_tree.nodes:
+    tree = compositor_tree(scene)
+    if scene.render.use_compositing and tree is not None:
+        for node in tree.nodes:
             if node.bl_idname == "CompositorNodeDenoise" and not node.mute:
                 return True
     return False

@@ -10,6 +10,25 @@ ensure_blender() {
   command -v blender >/dev/null 2>&1 || { echo "error: installing blender failed; install it by hand (apt-get install blender) or set TESSERA_BLENDER" >&2; exit 1; }
 }
 
+ensure_bpy_runtime() {
+  # The official Blender 4.5 as the `bpy` module from PyPI (about 400 MB), the
+  # suite's second Blender beside Debian's 3.4: installed once by the
+  # product's own installer (`tessera blender install 4.5`) into
+  # $TESSERA_RUNTIMES, which workers started by the tests find with
+  # `--blender 4.5`. Needs the tessera binary ($1) and Python 3.11.
+  export TESSERA_RUNTIMES="${TESSERA_RUNTIMES:-$HOME/.cache/tessera/runtimes}"
+  if ls -d "$TESSERA_RUNTIMES"/bpy-4.5.*/bin/python >/dev/null 2>&1; then
+    export TESSERA_REQUIRE_BPY=1
+    return 0
+  fi
+  echo "installing Blender 4.5 (bpy from PyPI) into $TESSERA_RUNTIMES for the runtime tests..." >&2
+  if "$1" blender install 4.5 --runtimes "$TESSERA_RUNTIMES" >&2; then
+    export TESSERA_REQUIRE_BPY=1
+  else
+    echo "warning: Blender 4.5 (bpy) could not be installed; the tests that need it are skipped (see above)" >&2
+  fi
+}
+
 ensure_xvfb() {
   # A virtual X display, for screenshots of Blender's UI (scripts/addon-screenshot.sh).
   if command -v xvfb-run >/dev/null 2>&1; then return; fi
@@ -66,6 +85,18 @@ ensure_ffmpeg() {
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq ffmpeg >/dev/null
   command -v ffmpeg >/dev/null 2>&1 || { echo "error: installing ffmpeg failed; install it by hand (apt-get install ffmpeg)" >&2; exit 1; }
+}
+
+ensure_prometheus() {
+  # Debian's prometheus package: promtool checks and unit-tests the alert
+  # rules (scripts/monitoring/), and the monitoring tests scrape a real
+  # coordinator with its prometheus. The package's service is not started.
+  if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1; then return; fi
+  echo "prometheus is not installed; installing Debian's prometheus package (alert rules and monitoring tests)..." >&2
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  command -v promtool >/dev/null 2>&1 || { echo "error: installing prometheus failed; install it by hand (apt-get install prometheus)" >&2; exit 1; }
 }
 
 ensure_s3_server() {

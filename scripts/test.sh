@@ -10,6 +10,7 @@ ensure_blender
 ensure_vulkan
 ensure_chromium
 ensure_ffmpeg
+ensure_prometheus
 ensure_test_tools
 ensure_rust
 ensure_s3_server
@@ -25,8 +26,12 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -q -- -D warnings
+echo "== alert rules (promtool)"
+promtool check rules scripts/monitoring/alerts.yml
+promtool test rules scripts/monitoring/alerts.test.yml
 echo "== build"
 cargo build --workspace --all-targets -q
+ensure_bpy_runtime target/debug/tessera
 log="$(mktemp)"; trap 'rm -f "$log"' EXIT
 echo "== unit tests"
 cargo test --workspace --exclude tessera-tests 2>&1 | tee -a "$log"

@@ -117,6 +117,8 @@ pub async fn run(cli: Cli) -> Result<()> {
             blender,
         } => deps(&url, &scene, &blender, json.json).await,
         Command::Users(cmd) => users(&url, cmd).await,
+        // Printed by main before any runtime or connection starts.
+        Command::Config(_) => Ok(()),
         Command::Hash { files, stdin } => fileset::hash_command(files, stdin).await,
         Command::Jobs(j) => {
             let mut c = Client::new(&url)?;
@@ -320,8 +322,8 @@ pub async fn run(cli: Cli) -> Result<()> {
             eprintln!("job {job} re-queued: {left} task(s) to render again");
             Ok(())
         }
-        Command::Blender(BlenderCommand::Install { version, runtimes }) => {
-            crate::runtimes::install(&version, runtimes).await
+        Command::Blender(BlenderCommand::Install { line, runtimes }) => {
+            crate::runtimes::install(&line, runtimes).await
         }
         Command::Blender(BlenderCommand::List { blender }) => crate::runtimes::list(&blender).await,
         Command::Workers(j) => {

@@ -6,6 +6,7 @@
 mod bundle;
 mod client;
 mod commands;
+mod config;
 mod fileset;
 mod ha;
 mod local;
@@ -172,6 +173,24 @@ enum Command {
     /// Manage users and their tokens (admin only).
     #[command(subcommand)]
     Users(UsersCommand),
+    /// Config files of the coordinator and the worker.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+/// `tessera config ...`.
+#[derive(Subcommand, Debug)]
+enum ConfigCommand {
+    /// Print the options a coordinator or worker would run with, merged from
+    /// flags, environment, `--config FILE` and defaults, each with its
+    /// source; secrets redacted. E.g. `tessera config print worker --config /etc/tessera/worker.toml`.
+    Print {
+        /// coordinator or worker.
+        role: String,
+        /// The arguments that role would be started with.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -216,6 +235,10 @@ struct JobsArgs {
 
 #[derive(Args, Debug)]
 struct CoordinatorArgs {
+    /// A TOML file of options, keyed by these flags' names (`lease-ttl = 30`);
+    /// a flag or its environment variable overrides the file.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// gRPC listen address.
     #[arg(long, default_value = "127.0.0.1:7878")]
     listen: String,
@@ -347,7 +370,8 @@ enum BlenderCommand {
     /// (`4.5.15`) as the `bpy` module, in a venv under the runtimes folder.
     Install {
         /// The line or release.
-        version: String,
+        #[arg(value_name = "VERSION")]
+        line: String,
         /// The runtimes folder (default: $TESSERA_RUNTIMES, else ~/.cache/tessera/runtimes).
         #[arg(long)]
         runtimes: Option<PathBuf>,
@@ -363,6 +387,10 @@ enum BlenderCommand {
 
 #[derive(Args, Debug)]
 struct WorkerArgs {
+    /// A TOML file of options, keyed by these flags' names (`slots = 2`,
+    /// `tag = ["a", "b"]`); a flag or its environment variable overrides the file.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Name shown in `tessera workers` (default: host name).
     #[arg(long)]
     name: Option<String>,
@@ -607,7 +635,25 @@ fn init_logging(format: &str, default: &str) {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match config::parse(std::env::args_os().collect()) {
+        Ok(cli) => cli,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Command::Config(ConfigCommand::Print { role, args }) = &cli.command {
+        return match config::print(role, args) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let server = matches!(cli.command, Command::Coordinator(_) | Command::Worker(_));
     init_logging(&cli.log_format, if server { "info" } else { "warn" });
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -253,11 +253,15 @@ pub async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
         None => physical_memory() / 4 * 3,
     };
     tessera_worker::blender::set_memory_limit(memory);
+    // Blender is told absolute paths (a task's folder, the scene): a
+    // relative --cache would mean another folder to it.
+    let cache = std::path::absolute(&args.cache)
+        .with_context(|| format!("cannot resolve --cache {}", args.cache.display()))?;
     let runtimes_dir = args
         .runtimes
         .clone()
         .or_else(|| std::env::var_os("TESSERA_RUNTIMES").map(Into::into))
-        .unwrap_or_else(|| args.cache.join("runtimes"));
+        .unwrap_or_else(|| cache.join("runtimes"));
     let mut runtimes = crate::runtimes::offer(&args.blender, &runtimes_dir).await?;
     for o in &runtimes {
         tracing::info!(
@@ -335,7 +339,7 @@ pub async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
     let config = tessera_worker::agent::WorkerConfig {
         access: url.clone(),
         name,
-        cache: args.cache,
+        cache,
         slots: plans,
         runtimes,
         threads: args.threads.or(Some((cores / slots).max(1))),

@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use crate::farm::{Farm, DURATION_BUCKETS};
+use crate::farm::{Farm, COMMIT_BUCKETS, DURATION_BUCKETS};
 use crate::job::JobState;
 
 /// Escapes a label value.
@@ -129,6 +129,35 @@ pub fn render(farm: &Farm, who: &crate::auth::Identity) -> String {
     );
     o.sample("tessera_store_commits_total", &[], stats.commits as f64);
     o.family(
+        "tessera_store_commit_seconds",
+        "histogram",
+        "Time one store transaction took to write and flush (the durable write every acknowledged change waits for).",
+    );
+    let mut cumulative = 0;
+    for (bound, n) in COMMIT_BUCKETS.iter().zip(stats.commit_buckets) {
+        cumulative += n;
+        o.sample(
+            "tessera_store_commit_seconds_bucket",
+            &[("le", &bound.to_string())],
+            cumulative as f64,
+        );
+    }
+    o.sample(
+        "tessera_store_commit_seconds_bucket",
+        &[("le", "+Inf")],
+        (cumulative + stats.commit_slowest) as f64,
+    );
+    o.sample(
+        "tessera_store_commit_seconds_sum",
+        &[],
+        stats.commit_seconds,
+    );
+    o.sample(
+        "tessera_store_commit_seconds_count",
+        &[],
+        (cumulative + stats.commit_slowest) as f64,
+    );
+    o.family(
         "tessera_store_changes_total",
         "counter",
         "Changes written since start; over commits, the mean group-commit size.",
@@ -203,6 +232,38 @@ pub fn render(farm: &Farm, who: &crate::auth::Identity) -> String {
     }
 
     o.family(
+        "tessera_slots",
+        "gauge",
+        "Render slots of online workers: idle, busy (rendering) or draining.",
+    );
+    let (mut idle, mut busy, mut draining) = (0u64, 0u64, 0u64);
+    for w in workers.iter().filter(|w| w.online) {
+        let slots = u64::from(w.record.slots);
+        let running = u64::from(w.running).min(slots);
+        if w.drain.is_some() {
+            draining += slots;
+        } else {
+            busy += running;
+            idle += slots - running;
+        }
+    }
+    for (state, n) in [("idle", idle), ("busy", busy), ("draining", draining)] {
+        o.sample("tessera_slots", &[("state", state)], n as f64);
+    }
+    o.family(
+        "tessera_worker_busy_slots",
+        "gauge",
+        "Slots each online worker renders with now; tells a starved GPU from an idle one.",
+    );
+    for w in workers.iter().filter(|w| w.online) {
+        o.sample(
+            "tessera_worker_busy_slots",
+            &[("worker", &w.record.id.0), ("name", &w.record.name)],
+            f64::from(w.running),
+        );
+    }
+
+    o.family(
         "tessera_desired_slots",
         "gauge",
         "Slots each requirement class needs to drain its queue within --target-drain-minutes (the autoscaling signal).",
@@ -248,6 +309,32 @@ pub fn render(farm: &Farm, who: &crate::auth::Identity) -> String {
         o.family(name, "counter", help);
         for j in jobs.iter().filter(|j| who.may_see(&j.job.owner)) {
             o.sample(name, &[("job", &j.job.id.to_string())], value(&j.usage));
+        }
+    }
+
+    // Progress of running jobs: a count of done tasks that stays flat is a stuck job.
+    type JobValue = fn(&crate::farm::TaskCounts) -> u32;
+    let job_series: [(&str, &str, JobValue); 2] = [
+        ("tessera_job_tasks", "Tasks of each running job.", |c| {
+            c.queued + c.leased + c.done + c.failed + c.canceled
+        }),
+        (
+            "tessera_job_tasks_done",
+            "Tasks done of each running job.",
+            |c| c.done,
+        ),
+    ];
+    for (name, help, value) in job_series {
+        o.family(name, "gauge", help);
+        let running = jobs
+            .iter()
+            .filter(|j| j.job.state == JobState::Running && who.may_see(&j.job.owner));
+        for j in running {
+            o.sample(
+                name,
+                &[("job", &j.job.id.to_string())],
+                f64::from(value(&j.counts)),
+            );
         }
     }
 

@@ -1,26 +1,39 @@
-"""Test driver run inside Blender: installs the add-on zip into the
-BLENDER_USER_SCRIPTS the test chose, enables it, sets its preferences, runs
-operators in order and writes what each did to --out as JSON.
+"""Test driver run inside Blender: installs the add-on zip into the user
+folders the test chose, enables it, sets its preferences, runs operators in
+order and writes what each did to --out as JSON.
+
+In a Blender binary (3.4 installs it as a legacy add-on, from bl_info):
 
     BLENDER_USER_SCRIPTS=DIR blender -b [SCENE.blend] --python-exit-code 3 \
         --python tests/addon/drive.py -- --zip out/tessera-addon.zip \
         --prefs '{"url": ..., "token": ...}' --steps '[["submit", {}], ...]' --out R.json
 
+In a `bpy` module runtime (4.2+ install it as an extension, from
+blender_manifest.toml, as module `bl_ext.user_default.tessera`):
+
+    BLENDER_USER_RESOURCES=DIR VENV/bin/python -I tests/addon/drive.py \
+        --scene SCENE.blend --zip ... --prefs ... --steps ... --out R.json
+
 Each step is [operator name in bpy.ops.tessera, keyword arguments]; a step
 may also be ["set", {"scene.tessera.frames": "1-2", ...}] to set properties.
 The result lists, per step, Blender's return set or the error the operator
 reported (bpy raises RuntimeError for an ERROR report), and "traceback":
-whether a Python traceback appeared in it (an add-on bug).
+whether a Python traceback appeared in it (an add-on bug). It also names the
+module the add-on was enabled as and the Blender that ran it.
 """
 
 import argparse
 import hashlib
+import importlib
 import json
 import os
 import sys
 
-import addon_utils
 import bpy
+
+# After bpy: in the module runtime, `import bpy` puts Blender's script
+# folders (where addon_utils lives) on sys.path.
+import addon_utils  # noqa: E402
 
 
 def sha256(path):
@@ -28,11 +41,28 @@ def sha256(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def upload_cancelled_midway():
+def install(zip_path):
+    """Installs and enables the add-on the way this Blender's user would;
+    returns the module name it got."""
+    if bpy.app.version >= (4, 2, 0):
+        # What Preferences > Get Extensions > Install from Disk and
+        # `blender --command extension install-file -r user_default` do.
+        result = bpy.ops.extensions.package_install_files(
+            filepath=zip_path, repo="user_default", enable_on_install=True)
+        assert result == {"FINISHED"}, "extension install: %s" % result
+        return "bl_ext.user_default.tessera"
+    bpy.ops.preferences.addon_install(filepath=zip_path, overwrite=True)
+    bpy.ops.preferences.addon_enable(module="tessera")
+    return "tessera"
+
+
+def upload_cancelled_midway(module):
     """Runs the submit operator's upload (the object its modal handler drives)
     and cancels it as Esc does, once bytes are on their way: the same
     `cancel` event, set from the upload's own progress."""
-    from tessera import job, ops  # the installed add-on's modules
+    # The installed add-on's own modules, under the name it was enabled as.
+    job = importlib.import_module(module + ".job")
+    ops = importlib.import_module(module + ".ops")
     up = job.Upload(ops.connect(bpy.context), job.prepare(bpy.context),
                     ops.tessera_binary(bpy.context))
     progress = up._progress
@@ -48,7 +78,7 @@ def upload_cancelled_midway():
             "error": up.error, "sent": list(up.sent), "traceback": False}
 
 
-def save_userpref(token):
+def save_userpref(module, token):
     """Saves Blender's preferences as the artist does, and says where the
     token ended up: in userpref.blend (readable by anyone who can read the
     config folder) or in the add-on's token file, and that file's mode."""
@@ -56,7 +86,7 @@ def save_userpref(token):
     config = bpy.utils.user_resource("CONFIG")
     with open(os.path.join(config, "userpref.blend"), "rb") as f:
         in_userpref = token.encode() in f.read()
-    from tessera import props  # the installed add-on's module
+    props = importlib.import_module(module + ".props")  # as it was enabled
     # An add-on without a token file keeps the token in its preferences only.
     path = props.token_file() if hasattr(props, "token_file") else None
     exists = path is not None and os.path.exists(path)
@@ -69,17 +99,21 @@ def save_userpref(token):
 
 
 def main():
-    argv = sys.argv[sys.argv.index("--") + 1:]
+    # Blender passes the script's arguments after `--`; plain Python passes them all.
+    argv = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else sys.argv[1:]
     p = argparse.ArgumentParser()
+    p.add_argument("--scene", help="open this .blend first (the bpy module has no command line)")
     p.add_argument("--zip", required=True)
     p.add_argument("--prefs", default="{}")
     p.add_argument("--steps", default="[]")
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    bpy.ops.preferences.addon_install(filepath=os.path.abspath(a.zip), overwrite=True)
-    bpy.ops.preferences.addon_enable(module="tessera")
-    assert addon_utils.check("tessera")[1], "the add-on is not enabled"
-    prefs = bpy.context.preferences.addons["tessera"].preferences
+    if a.scene:
+        bpy.ops.wm.open_mainfile(filepath=os.path.abspath(a.scene), load_ui=False,
+                                 use_scripts=False)
+    module = install(os.path.abspath(a.zip))
+    assert addon_utils.check(module)[1], "the add-on is not enabled as %s" % module
+    prefs = bpy.context.preferences.addons[module].preferences
     for k, v in json.loads(a.prefs).items():
         setattr(prefs, k, v)
     blend = bpy.data.filepath
@@ -95,10 +129,10 @@ def main():
                 setattr(obj, attr, value)
             continue
         if name == "upload_cancelled_midway":
-            results.append(upload_cancelled_midway())
+            results.append(upload_cancelled_midway(module))
             continue
         if name == "save_userpref":
-            results.append(save_userpref(prefs.token))
+            results.append(save_userpref(module, prefs.token))
             continue
         step = {"op": name}
         try:
@@ -113,7 +147,8 @@ def main():
         print("drive.py:", json.dumps(step), flush=True)
     out = {"steps": results, "blend_sha_before": before,
            "blend_sha_after": sha256(blend) if blend else None,
-           "is_dirty": bpy.data.is_dirty}
+           "is_dirty": bpy.data.is_dirty, "module": module,
+           "blender": bpy.app.version_string}
     with open(a.out, "w", encoding="utf-8") as f:
         json.dump(out, f, indent=1)
 

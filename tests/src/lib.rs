@@ -94,6 +94,13 @@ pub fn scene(args: &[&str]) -> PathBuf {
     }
     let dir = DIR.get_or_init(scratch);
     let out = dir.path().join(format!("scene{}.blend", scenes.len()));
+    make_scene(&out, args);
+    scenes.push((key, out.clone()));
+    out
+}
+
+/// Builds a scene with `blender/make_scene.py` and Debian's Blender at `out`.
+pub fn make_scene(out: &Path, args: &[&str]) {
     let result = Command::new(blender())
         .args([
             "-b",
@@ -105,7 +112,7 @@ pub fn scene(args: &[&str]) -> PathBuf {
         .arg(root().join("blender/make_scene.py"))
         .arg("--")
         .arg("--out")
-        .arg(&out)
+        .arg(out)
         .args(args)
         .output()
         .expect("blender runs (install it: apt-get install blender)");
@@ -114,8 +121,21 @@ pub fn scene(args: &[&str]) -> PathBuf {
         "make_scene.py {args:?} failed:\n{}",
         String::from_utf8_lossy(&result.stdout)
     );
-    scenes.push((key, out.clone()));
-    out
+}
+
+/// Kills `pids` when this test process exits: for a farm a test file shares
+/// from a static, which is never dropped.
+pub fn reap_at_exit(pids: &[u32]) -> Child {
+    let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+    let script = format!(
+        "tail --pid={} -f /dev/null; kill -9 {} 2>/dev/null",
+        std::process::id(),
+        list.join(" ")
+    );
+    Command::new("sh")
+        .args(["-c", &script])
+        .spawn()
+        .expect("sh runs")
 }
 
 /// Renders frames `start..=end` of `scene` directly with Blender, one process,
@@ -749,4 +769,104 @@ pub fn submit_wait(url: &str, scene: &Path, frames: &str, out: &Path) -> String 
     let stderr = String::from_utf8_lossy(&submitted.stderr).into_owned();
     assert!(submitted.status.success(), "submit failed: {stderr}");
     stderr
+}
+
+/// The `bpy` runtime (Blender 4.5 as a Python module) the suite renders
+/// with beside Debian's Blender: the newest `bpy-4.5.*` venv under
+/// `$TESSERA_RUNTIMES` (or `~/.cache/tessera/runtimes`), as `scripts/test.sh`
+/// installs it with `tessera blender install 4.5`. None (with the reason
+/// printed) when it is not installed; a panic when `$TESSERA_REQUIRE_BPY` says
+/// it must be.
+pub fn bpy_python() -> Option<PathBuf> {
+    let dir = runtimes_dir();
+    let mut found: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("bpy-4.5."))
+                && p.join("bin/python").is_file()
+        })
+        .collect();
+    found.sort();
+    let python = found.pop().map(|p| p.join("bin/python"));
+    if python.is_none() {
+        let why = format!(
+            "no bpy 4.5 runtime under {}; install it with `tessera blender install 4.5` (scripts/test.sh does)",
+            dir.display()
+        );
+        assert!(std::env::var_os("TESSERA_REQUIRE_BPY").is_none(), "{why}");
+        eprintln!("skipped: {why}");
+    }
+    python
+}
+
+/// Where `bpy` runtimes are installed: `$TESSERA_RUNTIMES`, else
+/// `~/.cache/tessera/runtimes`.
+pub fn runtimes_dir() -> PathBuf {
+    std::env::var_os("TESSERA_RUNTIMES").map_or_else(
+        || {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/tessera/runtimes")
+        },
+        PathBuf::from,
+    )
+}
+
+/// Runs a Blender-side script of the repo in the `bpy` module at `python`,
+/// as the worker does (through `blender/bpy_run.py`).
+pub fn bpy_command(python: &Path, script: &Path, scene: Option<&Path>) -> Command {
+    let mut cmd = Command::new(python);
+    cmd.arg("-I")
+        .arg(root().join("blender/bpy_run.py"))
+        .arg("--script")
+        .arg(script);
+    if let Some(s) = scene {
+        cmd.arg("--scene").arg(s);
+    }
+    cmd.arg("--");
+    cmd
+}
+
+/// Builds a scene with `blender/make_scene.py` in the `bpy` module at
+/// `python` (so that Blender 4.5 saves it) into `out`.
+pub fn bpy_scene(python: &Path, out: &Path, args: &[&str]) {
+    let result = bpy_command(python, &root().join("blender/make_scene.py"), None)
+        .arg("--out")
+        .arg(out)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        result.status.success() && out.is_file(),
+        "make_scene.py {args:?} in bpy failed:\n{}{}",
+        String::from_utf8_lossy(&result.stdout),
+        String::from_utf8_lossy(&result.stderr)
+    );
+}
+
+/// Renders frames `start..=end` of `scene` directly in the `bpy` module at
+/// `python`, the way a user would script it (open the file, render the
+/// animation): `dir/ref_NNNN.png`.
+pub fn bpy_reference(python: &Path, scene: &Path, start: u32, end: u32, dir: &Path) {
+    let code = format!(
+        "import bpy; bpy.ops.wm.open_mainfile(filepath={scene:?}, load_ui=False, use_scripts=False); \
+         s = bpy.context.scene; s.frame_start = {start}; s.frame_end = {end}; \
+         s.render.filepath = {out:?}; bpy.ops.render.render(animation=True)",
+        scene = scene.to_str().unwrap(),
+        out = dir.join("ref_####").to_str().unwrap(),
+    );
+    let out = Command::new(python)
+        .args(["-I", "-c", &code])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "bpy reference render failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -1,11 +1,21 @@
 //! The Blender add-on end to end: `scripts/addon.sh` builds the zip, a
-//! headless Blender installs it into a temporary `BLENDER_USER_SCRIPTS`,
-//! enables it, sets its preferences and runs its operators
-//! (`tests/addon/drive.py`) against a real coordinator's HTTP API
-//! (`tessera coordinator --http`) and a real worker.
+//! headless Blender installs it into temporary user folders, enables it,
+//! sets its preferences and runs its operators (`tests/addon/drive.py`)
+//! against a real coordinator's HTTP API (`tessera coordinator --http`) and
+//! real workers.
 //!
-//! One coordinator and worker serve the whole file (they are killed when the
-//! test process exits).
+//! Two Blenders run the add-on: Debian's 3.4 binary (`blender`, a legacy
+//! add-on read from `bl_info`) and an official `bpy` module, 4.2 or later
+//! (an extension read from `blender_manifest.toml`, module
+//! `bl_ext.user_default.tessera`), found at `$TESSERA_BPY` (a venv) or
+//! `~/.cache/tessera/runtimes/bpy-4.5.15`; the `bpy` cases say why they skip
+//! when it is absent.
+//!
+//! One coordinator serves the whole file, with a 3.4 worker and, when the
+//! `bpy` runtime is there, a worker with that Blender; they are killed when the test
+//! process exits. Blender 3.4 crashes on files saved by 4.x, and the add-on
+//! always sends a copy saved by the Blender it runs in, so each job carries
+//! a tag only the worker with the same Blender has.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,32 +24,24 @@ use std::sync::OnceLock;
 use serde_json::{json, Value};
 use tessera_tests::*;
 
+/// The tag of the worker whose Blender is Debian's 3.4.
+const TAG_34: &str = "blender-3.4";
+/// The tag of the worker whose Blender is the `bpy` module.
+const TAG_BPY: &str = "blender-bpy";
+
 /// The farm every test here shares.
 struct Farm {
     dir: tempfile::TempDir,
     coord: Coordinator,
     worker: Proc,
+    /// The worker whose Blender is the `bpy` module, when there is one.
+    worker_45: Option<Proc>,
     /// `http://127.0.0.1:PORT`: the coordinator's HTTP API.
     http: String,
     /// A token with the `user` role.
     user_token: String,
     /// Kills the farm when the test process ends.
     _reaper: std::process::Child,
-}
-
-/// Kills `pids` when this test process exits: the shared farm lives in a
-/// static, which is never dropped.
-fn reap_at_exit(pids: &[u32]) -> std::process::Child {
-    let list: Vec<String> = pids.iter().map(u32::to_string).collect();
-    let script = format!(
-        "tail --pid={} -f /dev/null; kill -9 {} 2>/dev/null",
-        std::process::id(),
-        list.join(" ")
-    );
-    Command::new("sh")
-        .args(["-c", &script])
-        .spawn()
-        .expect("sh runs")
 }
 
 fn farm() -> &'static Farm {
@@ -51,8 +53,33 @@ fn farm() -> &'static Farm {
             "127.0.0.1:0",
             &["--http", "127.0.0.1:0"],
         );
-        let worker = worker(&coord.url, dir.path(), "a");
-        let reaper = reap_at_exit(&[coord.proc.child.id(), worker.child.id()]);
+        let worker = worker_with(
+            &coord.url,
+            dir.path(),
+            "a",
+            &["--slots", "1", "--device", "cpu", "--tag", TAG_34],
+        );
+        // A worker whose one Blender is the bpy runtime (a venv).
+        let worker_45 = bpy_runtime().map(|venv| {
+            worker_with(
+                &coord.url,
+                dir.path(),
+                "b45",
+                &[
+                    "--slots",
+                    "1",
+                    "--device",
+                    "cpu",
+                    "--tag",
+                    TAG_BPY,
+                    "--blender",
+                    venv.to_str().unwrap(),
+                ],
+            )
+        });
+        let mut pids = vec![coord.proc.child.id(), worker.child.id()];
+        pids.extend(worker_45.iter().map(|w| w.child.id()));
+        let reaper = reap_at_exit(&pids);
         let http = coord
             .metrics
             .clone()
@@ -66,6 +93,7 @@ fn farm() -> &'static Farm {
             dir,
             coord,
             worker,
+            worker_45,
             http,
             user_token,
             _reaper: reaper,
@@ -93,24 +121,150 @@ fn addon_zip() -> PathBuf {
     .clone()
 }
 
-/// Runs `steps` in a headless Blender with the add-on installed afresh in a
-/// temporary user-scripts folder; returns drive.py's result and Blender's output.
+/// A Blender that runs the add-on.
+enum Runtime {
+    /// A `blender` binary (Debian's 3.4): `blender -b SCENE --python drive.py`.
+    Binary(PathBuf),
+    /// A `bpy` module venv (4.2+): `VENV/bin/python -I drive.py --scene SCENE`.
+    Module(PathBuf),
+}
+
+impl Runtime {
+    /// Debian's Blender, as every other test runs it.
+    fn binary() -> Self {
+        Runtime::Binary(blender())
+    }
+
+    /// Runs a Blender script with `args` after `--`, from a fresh factory
+    /// state, as `blender -b --factory-startup --python SCRIPT -- ARGS` does.
+    fn script(&self, script: &Path, args: &[&std::ffi::OsStr]) -> std::process::Output {
+        let mut cmd = match self {
+            Runtime::Binary(blender) => {
+                let mut c = Command::new(blender);
+                c.args([
+                    "-b",
+                    "--factory-startup",
+                    "--python-exit-code",
+                    "2",
+                    "--python",
+                ])
+                .arg(script);
+                c
+            }
+            Runtime::Module(venv) => {
+                let mut c = Command::new(venv.join("bin/python"));
+                c.arg("-I").arg(script);
+                c
+            }
+        };
+        cmd.arg("--").args(args).output().expect("blender runs")
+    }
+
+    /// `make_asset_scenes.py`'s `case` under `dir`, saved by this Blender;
+    /// returns the scene (as `asset_scene` does for the binary).
+    fn asset_scene(&self, dir: &Path, case: &str) -> PathBuf {
+        if let Runtime::Binary(_) = self {
+            return asset_scene(dir, case);
+        }
+        let out = dir.join(case);
+        let result = self.script(
+            &root().join("blender/make_asset_scenes.py"),
+            &[
+                "--dir".as_ref(),
+                out.as_os_str(),
+                "--case".as_ref(),
+                case.as_ref(),
+            ],
+        );
+        assert!(
+            result.status.success(),
+            "make_asset_scenes.py {case} failed in the bpy runtime:\n{}{}",
+            String::from_utf8_lossy(&result.stdout),
+            String::from_utf8_lossy(&result.stderr)
+        );
+        let scene = out.join("shots/shot.blend");
+        assert!(scene.is_file(), "{}", scene.display());
+        scene
+    }
+
+    /// Renders frame 1 of `scene` directly with this Blender, no farm:
+    /// `dir/ref_0001.png`.
+    fn reference(&self, scene: &Path, dir: &Path) -> PathBuf {
+        match self {
+            Runtime::Binary(_) => reference(scene, 1, 1, dir),
+            Runtime::Module(venv) => bpy_reference(&venv.join("bin/python"), scene, 1, 1, dir),
+        }
+        dir.join("ref_0001.png")
+    }
+}
+
+/// The `bpy` runtime: `$TESSERA_BPY` (a venv, which must hold bpy when
+/// set), else the suite's 4.5 runtime ([`bpy_python`]).
+fn bpy_runtime() -> Option<PathBuf> {
+    if let Some(venv) = std::env::var_os("TESSERA_BPY") {
+        let venv = PathBuf::from(venv);
+        assert!(
+            venv.join("bin/python").is_file(),
+            "TESSERA_BPY={} has no bin/python: point it at a venv with bpy installed",
+            venv.display()
+        );
+        return Some(venv);
+    }
+    let python = bpy_python()?;
+    python.parent()?.parent().map(Path::to_path_buf)
+}
+
+/// The `bpy` runtime, or None after saying why `test` skips.
+fn bpy_or_skip(test: &str) -> Option<Runtime> {
+    let found = bpy_runtime().map(Runtime::Module);
+    if found.is_none() {
+        eprintln!(
+            "skipped {test}: no bpy runtime (TESSERA_BPY is unset and none is installed); \
+             install one with `tessera blender install 4.5`, or set TESSERA_BPY to a venv with bpy"
+        );
+    }
+    found
+}
+
+/// Runs `steps` in a headless Blender with the add-on installed afresh in
+/// temporary user folders; returns drive.py's result and Blender's output.
 fn drive(scene: &Path, prefs: Value, steps: Value) -> (Value, String) {
+    drive_in(&Runtime::binary(), scene, prefs, steps)
+}
+
+fn drive_in(runtime: &Runtime, scene: &Path, prefs: Value, steps: Value) -> (Value, String) {
     let tmp = scratch();
     let result = tmp.path().join("result.json");
-    let out = Command::new(blender())
-        .arg("-b")
-        .arg(scene)
-        .args(["--python-exit-code", "3", "--python"])
-        .arg(root().join("tests/addon/drive.py"))
-        .arg("--")
+    let mut cmd = match runtime {
+        Runtime::Binary(blender) => {
+            let mut c = Command::new(blender);
+            c.arg("-b")
+                .arg(scene)
+                .args(["--python-exit-code", "3", "--python"])
+                .arg(root().join("tests/addon/drive.py"))
+                .arg("--");
+            c
+        }
+        Runtime::Module(venv) => {
+            let mut c = Command::new(venv.join("bin/python"));
+            c.arg("-I")
+                .arg(root().join("tests/addon/drive.py"))
+                .arg("--scene")
+                .arg(scene);
+            c
+        }
+    };
+    let out = cmd
         .arg("--zip")
         .arg(addon_zip())
         .args(["--prefs", &prefs.to_string(), "--steps", &steps.to_string()])
         .arg("--out")
         .arg(&result)
+        // 3.4 reads the first two; 4.2 and later keep everything (extensions
+        // included) under the last.
         .env("BLENDER_USER_SCRIPTS", tmp.path().join("scripts"))
         .env("BLENDER_USER_CONFIG", tmp.path().join("config"))
+        .env("BLENDER_USER_RESOURCES", tmp.path().join("resources"))
         .env("XDG_CACHE_HOME", tmp.path().join("cache"))
         .output()
         .expect("blender runs");
@@ -140,16 +294,20 @@ fn step<'a>(v: &'a Value, op: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no step {op} in {v}"))
 }
 
-#[test]
-fn submit_then_fetch_a_scene_with_a_texture_and_a_library_equals_a_direct_render() {
+/// Submits `case`'s scene from the add-on in `runtime`, to the worker
+/// tagged `tag`, fetches its frame and compares it with a direct render by
+/// the same Blender; returns drive.py's result.
+fn submit_then_fetch(runtime: &Runtime, tag: &str) -> Value {
     let f = farm();
     let dir = scratch();
-    let scene = asset_scene(dir.path(), "library");
+    let scene = runtime.asset_scene(dir.path(), "library");
     let frames = dir.path().join("frames");
-    let (v, log) = drive(
+    let (v, log) = drive_in(
+        runtime,
         &scene,
         prefs(&f.http, &f.user_token),
-        json!([["test_connection", {}], ["submit", {}],
+        json!([["set", {"scene.tessera.tags": tag}],
+               ["test_connection", {}], ["submit", {}],
                ["fetch", {"wait": true, "timeout": 300.0, "directory": frames}]]),
     );
     for op in ["test_connection", "submit", "fetch"] {
@@ -160,9 +318,80 @@ fn submit_then_fetch_a_scene_with_a_texture_and_a_library_equals_a_direct_render
         v["blend_sha_before"], v["blend_sha_after"],
         "the artist's .blend changed"
     );
-    let refs = dir.path().join("ref");
-    reference(&scene, 1, 1, &refs);
-    assert_same_pixels(&refs.join("ref_0001.png"), &frames.join("frame_0001.png"));
+    let reference = runtime.reference(&scene, &dir.path().join("ref"));
+    assert_same_pixels(&reference, &frames.join("frame_0001.png"));
+    v
+}
+
+#[test]
+fn submit_then_fetch_in_blender_3_4_as_a_legacy_add_on_equals_a_direct_render() {
+    let v = submit_then_fetch(&Runtime::binary(), TAG_34);
+    assert_eq!(v["module"], "tessera");
+    assert!(v["blender"].as_str().unwrap().starts_with("3.4"), "{v}");
+}
+
+/// 4.5 by default; `TESSERA_BPY` may name a 4.2 or 5.0 runtime instead.
+#[test]
+fn submit_then_fetch_in_the_bpy_module_as_an_extension_equals_a_direct_render() {
+    let Some(runtime) =
+        bpy_or_skip("submit_then_fetch_in_the_bpy_module_as_an_extension_equals_a_direct_render")
+    else {
+        return;
+    };
+    let v = submit_then_fetch(&runtime, TAG_BPY);
+    // Installed from blender_manifest.toml, under the extension's module
+    // name; its preferences are found by that name.
+    assert_eq!(v["module"], "bl_ext.user_default.tessera");
+    let version = v["blender"].as_str().unwrap();
+    assert!(!version.starts_with("3."), "{version}");
+}
+
+#[test]
+fn with_online_access_off_a_coordinator_on_the_internet_is_refused_in_words() {
+    let Some(runtime) =
+        bpy_or_skip("with_online_access_off_a_coordinator_on_the_internet_is_refused_in_words")
+    else {
+        return;
+    };
+    // The bpy module starts with online access off, as Blender 4.2+ does
+    // until the artist allows it; the farm on this machine was reachable
+    // all along (submit_then_fetch_in_the_bpy_module...). An address
+    // literal: no DNS, and the refusal comes before any connection.
+    let dir = scratch();
+    let scene = runtime.asset_scene(dir.path(), "library");
+    let (v, log) = drive_in(
+        &runtime,
+        &scene,
+        prefs("http://1.1.1.1:7879", "some-token"),
+        json!([["test_connection", {}]]),
+    );
+    let e = step(&v, "test_connection")["error"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        e.contains("online access is off") && e.contains("Allow Online Access"),
+        "{e}\n{log}"
+    );
+}
+
+#[test]
+fn the_extension_manifest_and_bl_info_name_the_same_version() {
+    let dir = root().join("blender/addon/tessera");
+    let manifest = std::fs::read_to_string(dir.join("blender_manifest.toml")).unwrap();
+    let init = std::fs::read_to_string(dir.join("__init__.py")).unwrap();
+    let line = |text: &str, key: &str| -> String {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} line"))
+            .to_string()
+    };
+    let manifest_version = line(&manifest, "version = ").trim_matches('"').to_string();
+    let bl_info_version: Vec<String> = line(&init, "\"version\": (")
+        .trim_end_matches("),")
+        .split(',')
+        .map(|p| p.trim().to_string())
+        .collect();
+    assert_eq!(manifest_version, bl_info_version.join("."));
 }
 
 /// Issue 21 part 11: the token is kept in a file only its owner reads, not
@@ -178,7 +407,10 @@ fn the_token_is_kept_in_a_file_only_its_owner_reads() {
         json!([["save_userpref", {}]]),
     );
     let s = step(&v, "save_userpref");
-    assert_eq!(s["token_in_userpref"], false, "the token is in userpref.blend\n{log}");
+    assert_eq!(
+        s["token_in_userpref"], false,
+        "the token is in userpref.blend\n{log}"
+    );
     assert_eq!(s["token_in_file"], true, "{s}\n{log}");
     assert_eq!(s["token_file_mode"], 0o600, "{s}");
 }
@@ -286,6 +518,8 @@ fn an_exported_bundle_submitted_with_tessera_submit_bundle_equals_a_direct_rende
             "submit",
             "--bundle",
             bundle.to_str().unwrap(),
+            "--tag",
+            TAG_34,
             "-o",
             frames.to_str().unwrap(),
         ],
@@ -306,7 +540,7 @@ fn an_exported_bundle_submitted_with_tessera_submit_bundle_equals_a_direct_rende
         !o.status.success() && e.contains("does not match its manifest"),
         "{e}"
     );
-    let _ = (&f.dir, &f.worker);
+    let _ = (&f.dir, &f.worker, &f.worker_45);
 }
 
 #[test]

@@ -17,6 +17,7 @@ use tessera_proto as pb;
 use tokio::sync::{watch, RwLock};
 use tonic::transport::Endpoint;
 use tonic::Code;
+use tracing::Instrument;
 
 use crate::blender::{
     failure, Device, Progress, RenderFailure, RenderRequest, Renderer, NO_DEVICE,
@@ -394,7 +395,19 @@ async fn slot_loop<R: Renderer>(
                     shared.renderer.end_jobs(&r.ended_jobs);
                 }
                 if let Some(task) = r.task {
-                    run_task(&shared, task, slot, shutdown.clone()).await;
+                    // Every line of the task, Blender's included, carries
+                    // the fields the coordinator logs it with.
+                    let worker = shared.worker_id.read().await.clone();
+                    let span = tracing::info_span!(
+                        "task",
+                        job = task.job_id,
+                        task = task.task_index,
+                        lease = %task.lease_id,
+                        worker = %worker,
+                    );
+                    run_task(&shared, task, slot, shutdown.clone())
+                        .instrument(span)
+                        .await;
                 }
             }
             Err(s) if s.code() == Code::NotFound => {

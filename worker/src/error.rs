@@ -11,6 +11,14 @@ pub enum Error {
         /// What happened.
         reason: String,
     },
+    /// A `bpy` runtime could not be installed; the reason names the fix.
+    #[error("cannot install Blender {line} (bpy): {reason}")]
+    Install {
+        /// The line or release asked for (`4.5`).
+        line: String,
+        /// What happened, and what to do.
+        reason: String,
+    },
     /// The coordinator refused or failed a call.
     #[error("coordinator: {0}")]
     Rpc(#[from] tonic::Status),

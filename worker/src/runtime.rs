@@ -257,13 +257,13 @@ pub async fn install(version: &[u16], dir: &Path) -> Result<Runtime, Error> {
         format!("bpy=={line}.*")
     };
     let py = python_for(version);
-    let fail = |reason: String| Error::Blender {
-        path: format!("bpy {line}"),
+    let fail = |reason: String| Error::Install {
+        line: line.clone(),
         reason,
     };
     let python = find_python(py).await.ok_or_else(|| {
         fail(format!(
-            "Blender {line} as a Python module needs Python {py}, which its wheels are built for, and `python{py}` is not on PATH; install it (apt-get install python{py} python{py}-venv, or pyenv install {py}) and start the worker again"
+            "Blender {line} as a Python module needs Python {py}, which its wheels are built for, and `python{py}` is not on PATH; install it (apt-get install python{py} python{py}-venv, or pyenv install {py}) and try again"
         ))
     })?;
     std::fs::create_dir_all(dir)

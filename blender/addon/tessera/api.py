@@ -5,6 +5,7 @@ to do, so operators can show it with self.report and never a traceback.
 No bpy here: these calls run in the upload thread too.
 """
 
+import ipaddress
 import json
 import os
 import socket
@@ -47,7 +48,7 @@ class _Reader:
 class Api:
     """One coordinator, as the preferences name it."""
 
-    def __init__(self, url, token, ca_file="", timeout=30.0):
+    def __init__(self, url, token, ca_file="", timeout=30.0, online=True):
         url = (url or "").strip().rstrip("/")
         if not url:
             raise FarmError("no coordinator URL is set; set it in " + PREFS_HINT)
@@ -62,6 +63,10 @@ class Api:
         self.token = token.strip()
         self.timeout = timeout
         self.context = None
+        # Blender 4.2+'s "Allow Online Access" (bpy.app.online_access), read
+        # by the caller: this module runs in threads and imports no bpy.
+        self.online = online
+        self._host_checked = online
         if parsed.scheme == "https":
             ca = os.path.expanduser(ca_file or "")
             if ca and not os.path.isfile(ca):
@@ -77,7 +82,30 @@ class Api:
 
     # ------------------------------------------------------------ transport
 
+    def _check_online_access(self):
+        """With online access off, Blender asks add-ons to stay off the
+        internet. A farm's coordinator is nearly always on this machine or
+        the local network, which that setting does not cover: refuse only
+        an address on the internet. Resolved once, off Blender's main thread
+        where the panel polls (see state.py)."""
+        if self._host_checked:
+            return
+        host = urllib.parse.urlparse(self.url).hostname or ""
+        try:
+            addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+        except OSError:
+            return  # the request itself fails and says why
+        public = sorted(a for a in addresses
+                        if ipaddress.ip_address(a.split("%")[0]).is_global)
+        if public:
+            raise FarmError("Blender's online access is off and the coordinator at %s is on the "
+                            "internet (%s); allow it in Edit > Preferences > System > Network > "
+                            "Allow Online Access, or start Blender with --online-mode"
+                            % (self.url, ", ".join(public)))
+        self._host_checked = True
+
     def _open(self, method, path, body=None, headers=None, timeout=None):
+        self._check_online_access()
         req = urllib.request.Request(self.url + path, data=body, method=method)
         req.add_header("Authorization", "Bearer " + self.token)
         for k, v in (headers or {}).items():

@@ -22,7 +22,8 @@ def addon_version():
 def connect(context):
     """The API of the coordinator the preferences name (FarmError if unset)."""
     p = prefs(context)
-    return Api(p.url, p.token, p.ca_file)
+    # Blender before 4.2 has no such setting: online.
+    return Api(p.url, p.token, p.ca_file, online=getattr(bpy.app, "online_access", True))
 
 
 def api_or_none(context):

@@ -77,7 +77,9 @@ impl Farm {
             *s = slot;
         }
         job.start()?;
-        tracing::debug!(lease = %lease, worker = %worker, frames = ?task.frames, "task leased");
+        // One line a task, with the fields a worker's log of it has too
+        // (job, task, lease), so `--log-format json` logs join on them.
+        tracing::info!(job = %lease.job, task = lease.task, lease = %lease, worker = %worker, frames = ?task.frames, "task leased");
         self.count_stat(|s| s.leases_granted += 1);
         let assignment = Assignment {
             lease,

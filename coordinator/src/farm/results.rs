@@ -67,6 +67,7 @@ impl Farm {
         for o in &outputs {
             check_output(o)?;
         }
+        tracing::info!(job = %lease.job, task = lease.task, lease = %lease, outputs = outputs.len(), "task result received");
         let now = self.clock.now_ms();
         let (ready, ticket) = {
             let mut st = self.lock();

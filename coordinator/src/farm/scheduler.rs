@@ -76,7 +76,7 @@ pub(super) fn first_ready(
             && !st
                 .workers
                 .get(worker)
-                .is_some_and(|w| verification::may_take(t, w))
+                .is_some_and(|w| verification::may_take(&st.jobs[&job], t, w))
         {
             return false;
         }

@@ -156,16 +156,18 @@ impl Committer {
                 .iter()
                 .flat_map(|e| e.records.iter().map(Owned::record))
                 .collect();
+            let started = std::time::Instant::now();
             // A batch of barriers only (see `rebuild_after_panic`) writes nothing.
             let result = if records.is_empty() {
                 Ok(())
             } else {
                 self.store.write(&records)
             };
+            let took = started.elapsed().as_secs_f64();
             drop(records);
             {
                 let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-                stats.commits += 1;
+                stats.commit_took(took);
                 stats.committed_changes += batch.len() as u64;
             }
             match result {

@@ -151,7 +151,7 @@ impl Farm {
         let blender = st
             .workers
             .get(&worker)
-            .map(|w| w.blender_version.clone())
+            .map(|w| blender_for(job, w))
             .unwrap_or_default();
         let v = task.verify.get_or_insert_with(Verification::default);
         if v.settled() {
@@ -233,7 +233,7 @@ impl Farm {
         let stuck = index.ready.iter().find_map(|&i| {
             let t = tasks.get(i as usize)?;
             let v = t.verify.as_ref().filter(|v| !v.candidates.is_empty())?;
-            (!usable.iter().any(|w| may_take(t, w))).then_some((t, v))
+            (!usable.iter().any(|w| may_take(job, t, w))).then_some((t, v))
         })?;
         let (t, v) = stuck;
         let by: Vec<String> = v.candidates.iter().map(|c| c.worker.0.clone()).collect();
@@ -297,15 +297,24 @@ pub(super) fn inherited_suspicion(
         .collect()
 }
 
-/// Whether `w` may render `task`: a task awaiting verification goes to a
-/// worker that has not rendered it, with the same Blender build.
-pub(super) fn may_take(task: &Task, w: &WorkerRecord) -> bool {
+/// Whether `w` may render `task` of `job`: a task awaiting verification
+/// goes to a worker that has not rendered it, with the same Blender build
+/// (the runtime the job renders with there).
+pub(super) fn may_take(job: &Job, task: &Task, w: &WorkerRecord) -> bool {
     match &task.verify {
         Some(v) if !v.candidates.is_empty() => {
-            !v.rendered_by(&w.id) && v.candidates[0].blender == w.blender_version
+            !v.rendered_by(&w.id) && v.candidates[0].blender == blender_for(job, w)
         }
         _ => true,
     }
+}
+
+/// The Blender build `w` renders `job` with: the version of the runtime the
+/// scheduler picks there (its version line when it reported no runtimes).
+fn blender_for(job: &Job, w: &WorkerRecord) -> String {
+    job.requirements
+        .runtime_for(&w.runtimes)
+        .map_or_else(|| w.blender_version.clone(), |r| r.version.to_string())
 }
 
 /// Whether a suspect worker is kept from `job`: it was caught on this job,

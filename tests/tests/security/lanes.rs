@@ -45,6 +45,8 @@ pub fn lanes(
         name: "lane".into(),
         slots,
         device: "cpu".into(),
+        // A Blender that reads the test's scene (its header says 3.4).
+        blender_version: "Blender 3.4.1".into(),
         previous_id: previous.into(),
         tags: vec![tag.to_string()],
         ..Default::default()
