@@ -95,6 +95,9 @@ pub struct RenderRequest {
     /// The job's root, when it has a file set: the scene reads files under
     /// it only, and its absolute references are rewritten into it.
     pub root: Option<crate::fileset::JobRoot>,
+    /// Run the scene's stored Python (auto-run): the job asked for it and
+    /// this worker allows it (see [`crate::isolation::blender_flags`]).
+    pub scene_python: bool,
 }
 
 /// Pins a Blender child to one GPU: CUDA and OptiX see only that device.
@@ -128,6 +131,9 @@ pub struct RenderedFrame {
     pub ext: String,
     /// Extra outputs of the frame (File Output nodes), checked and fresh.
     pub passes: Vec<PassFile>,
+    /// What the job should know about how it was rendered (stored Python
+    /// that did not run, see [`crate::scene_python`]).
+    pub warnings: Vec<String>,
 }
 
 /// One extra output of a frame.

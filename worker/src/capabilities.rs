@@ -17,6 +17,10 @@ pub mod feature {
     pub const OPTIX_DENOISE: &str = "optix-denoise";
     /// The Eevee engine (Blender 3.x needs a display or EGL to run it).
     pub const EEVEE: &str = "eevee";
+    /// The worker runs a scene's stored Python when a job asks for it
+    /// (`tessera worker --allow-scene-python`): an admin's choice, not a
+    /// property of its Blender.
+    pub const SCENE_PYTHON: &str = "scene-python";
 }
 
 /// What a worker's Blender offers.

@@ -4,7 +4,10 @@
 //! - Blender starts with `--factory-startup` (no preferences or startup file
 //!   of the worker's account) and `--disable-autoexec` (no Python stored in
 //!   the scene runs: no registered text blocks, no drivers beyond Blender's
-//!   restricted expressions), whatever the account's preferences say.
+//!   restricted expressions), whatever the account's preferences say. Only a
+//!   job that asks for stored Python (`submit --scene-python`), on a worker
+//!   whose admin allows it (`worker --allow-scene-python`), gets
+//!   `--enable-autoexec` instead ([`blender_flags`]).
 //! - Its environment is rebuilt from a short allow-list ([`blender_env`]):
 //!   nothing named `TESSERA_*`, no token, no coordinator address, no cloud
 //!   credentials; `TMPDIR` points into the worker's cache.
@@ -68,9 +71,17 @@ pub fn blender_env(
     env
 }
 
-/// Blender's arguments before the scene's own: no preferences, no stored
-/// Python, background mode.
-pub const BLENDER_FLAGS: &[&str] = &["-b", "--factory-startup", "--disable-autoexec"];
+/// Blender's arguments before the scene's own: background mode, no
+/// preferences, and no stored Python unless `scene_python` (the job asked
+/// for it and this worker allows it).
+pub fn blender_flags(scene_python: bool) -> [&'static str; 3] {
+    let autoexec = if scene_python {
+        "--enable-autoexec"
+    } else {
+        "--disable-autoexec"
+    };
+    ["-b", "--factory-startup", autoexec]
+}
 
 /// Makes this process non-dumpable: processes of the same user can no longer
 /// read its memory or environment through `/proc` or ptrace. Core dumps of
@@ -142,9 +153,15 @@ mod tests {
     }
 
     #[test]
-    fn blender_never_runs_stored_python() {
-        assert!(BLENDER_FLAGS.contains(&"--disable-autoexec"));
-        assert!(BLENDER_FLAGS.contains(&"--factory-startup"));
+    fn blender_runs_stored_python_only_when_asked() {
+        assert_eq!(
+            blender_flags(false),
+            ["-b", "--factory-startup", "--disable-autoexec"]
+        );
+        assert_eq!(
+            blender_flags(true),
+            ["-b", "--factory-startup", "--enable-autoexec"]
+        );
     }
 
     #[test]
