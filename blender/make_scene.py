@@ -23,6 +23,11 @@ Options (after `--`):
                                            a file outside the job that may well exist)
     --file-output DIR                     (any kind: a compositor File Output node writing the image
                                            and the alpha, slots "Image" and "aov/alpha_", to DIR)
+    --tile-size N                         (Cycles' tile size, auto tiling on: a frame larger than
+                                           N x N renders in Cycles tiles; Blender's default is 2048)
+    --py-driver                           (any kind: the cube's height is driven by a Python
+                                           expression that runs only with auto-run (-y); without it
+                                           Blender skips the driver and renders on, exit 0)
 
 Every scene: Cycles on the CPU, denoising off everywhere, dither 0, a camera,
 a sun light, a world colour and a few objects with Principled BSDF materials.
@@ -64,6 +69,8 @@ def parse_args():
     p.add_argument("--missing-texture", default=None, metavar="PATH")
     p.add_argument("--external-texture", default=None, metavar="PATH")
     p.add_argument("--file-output", default=None, metavar="DIR")
+    p.add_argument("--tile-size", type=int, default=None)
+    p.add_argument("--py-driver", action="store_true")
     return p.parse_args(argv)
 
 
@@ -124,6 +131,9 @@ def setup_render(scene, args):
         scene.render.fps = max(1, round(args.fps))
         scene.render.fps_base = scene.render.fps / args.fps
     scene.frame_current = 1
+    if args.tile_size:
+        scene.cycles.use_auto_tile = True
+        scene.cycles.tile_size = args.tile_size
     if args.threads:
         r.threads_mode = "FIXED"
         r.threads = args.threads
@@ -350,6 +360,25 @@ def add_file_output(scene, base):
     return fo
 
 
+# ---------------------------------------------------------------- Python drivers
+
+PY_DRIVER = "bpy.context.scene.frame_current * 0.5 + 0.75"
+
+
+def add_py_driver(objs):
+    """A driver that needs auto-run Python (it names `bpy`, outside Blender's
+    restricted namespace) but works with it: with -y the cube rises to 1.25 at
+    frame 1; without -y Blender prints `Error in PyDriver` and keeps 0.75."""
+    cube = objs["cube"]
+    fc = cube.driver_add("location", 2)
+    drv = fc.driver
+    drv.type = "SCRIPTED"
+    drv.expression = PY_DRIVER
+    drv.use_self = False
+    # The value this file keeps, whether or not this Blender ran the driver.
+    cube.location.z = 0.75
+
+
 # ---------------------------------------------------------------- failing scenes
 
 def add_failure(scene, mode, objs):
@@ -424,6 +453,8 @@ def main():
         add_missing_texture(objs, args.missing_texture or args.external_texture)
     if args.file_output:
         add_file_output(scene, args.file_output)
+    if args.py_driver:
+        add_py_driver(objs)
     scene.frame_set(1)
     out = os.path.abspath(args.out)
     os.makedirs(os.path.dirname(out), exist_ok=True)

@@ -28,7 +28,12 @@ pub async fn render(args: RenderArgs) -> Result<()> {
     // Reading the scene and asking Blender what it offers both start
     // Blender: do them at once.
     let (frames, caps) = tokio::join!(prepare(&args.job), blender_caps(&args.job.blender));
-    let (frames, (version, features)) = (frames?, caps?);
+    let (frames, (version, mut features)) = (frames?, caps?);
+    // The user's own machine: --scene-python runs the scene's Python here,
+    // as `blender -b -y` would.
+    if args.job.scene_python {
+        features.push(tessera_coordinator::hardware::SCENE_PYTHON.to_string());
+    }
     let lacking = frames.lacking(&features);
     if !lacking.is_empty() {
         anyhow::bail!(
@@ -107,6 +112,7 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         capacity: "on-demand".into(),
         untrusted: false,
         test_corrupt_pixel: false,
+        allow_scene_python: args.job.scene_python,
     };
     let mode = crate::commands::render_mode(args.fresh_process, 60.0)?;
     let worker = tokio::spawn(tessera_worker::agent::run_blender(

@@ -251,6 +251,8 @@ pub struct Assignment {
     pub device: Device,
     /// The job's file set blob, when it has one.
     pub file_set: Option<Digest>,
+    /// Run the scene's stored Python (the job's `scene-python` feature).
+    pub scene_python: bool,
 }
 
 /// What a worker says about itself when it registers.

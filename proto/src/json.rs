@@ -72,6 +72,7 @@ pub fn job(j: &pb::JobView) -> Value {
         "min_vram_gb": j.min_vram_gb,
         "tags": j.tags,
         "features": j.features,
+        "warnings": j.warnings,
         "created_ms": j.created_ms,
         "finished_ms": if j.finished_ms == 0 { Value::Null } else { json!(j.finished_ms) },
         "after": j.after,

@@ -172,13 +172,19 @@ mod tests {
         for (line, consumed) in [
             ("Read blend: /tmp/int.blend", false),
             ("", false),
-            ("Error in PyDriver: expression failed: int('tessera') + frame", false),
+            (
+                "Error in PyDriver: expression failed: int('tessera') + frame",
+                false,
+            ),
             (
                 "For target: (type=Object, name=\"Cube\", property=location, property_index=2)",
                 false,
             ),
             ("Traceback (most recent call last):", false),
-            ("ValueError: invalid literal for int() with base 10: 'tessera'", false),
+            (
+                "ValueError: invalid literal for int() with base 10: 'tessera'",
+                false,
+            ),
         ] {
             assert_eq!(d.note(line), consumed, "{line}");
         }
@@ -197,7 +203,9 @@ mod tests {
         let mut d = SkippedDrivers::default();
         for i in 0..40 {
             d.note("BPY_driver_exec: restricted access disallows name 'bpy'");
-            d.note(&format!("Error in PyDriver: expression failed: bpy.data.x[{i}]"));
+            d.note(&format!(
+                "Error in PyDriver: expression failed: bpy.data.x[{i}]"
+            ));
         }
         assert_eq!(d.warnings().len(), MAX_DRIVERS);
         assert_eq!(
@@ -207,6 +215,9 @@ mod tests {
         assert_eq!(describe_target("something else"), "something else");
         assert_eq!(scripts_warning(&[]), None);
         let w = scripts_warning(&["setup.py".to_string()]).unwrap();
-        assert!(w.contains("\"setup.py\"") && w.contains("without `-y`"), "{w}");
+        assert!(
+            w.contains("\"setup.py\"") && w.contains("without `-y`"),
+            "{w}"
+        );
     }
 }

@@ -587,7 +587,11 @@ impl SessionRenderer {
                 "the scene's stored Python was not run (workers run Blender with --disable-autoexec): {skipped}"
             );
         }
-        session.warnings.extend(crate::scene_python::scripts_warning(&strings(&ready["scripts"])));
+        session
+            .warnings
+            .extend(crate::scene_python::scripts_warning(&strings(
+                &ready["scripts"],
+            )));
         tracing::info!(
             job = req.job,
             slot = req.slot,
@@ -602,7 +606,11 @@ impl SessionRenderer {
 /// The strings of a JSON array (none when it is not one).
 fn strings(v: &Value) -> Vec<String> {
     v.as_array()
-        .map(|a| a.iter().filter_map(|s| Some(s.as_str()?.to_string())).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| Some(s.as_str()?.to_string()))
+                .collect()
+        })
         .unwrap_or_default()
 }
 

@@ -284,8 +284,7 @@ mod tests {
     /// Blender) on `lines`; None when no Python 3 is installed here.
     fn cycles_progress(lines: &[&str]) -> Option<Vec<Option<(u32, u32)>>> {
         use std::io::Write;
-        let script =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../blender/cycles_progress.py");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../blender/cycles_progress.py");
         let mut child = match std::process::Command::new("python3")
             .arg("-I")
             .arg(&script)
@@ -303,7 +302,11 @@ mod tests {
         }
         drop(stdin);
         let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         Some(
             String::from_utf8(out.stdout)
                 .unwrap()

@@ -93,6 +93,7 @@ impl Farm {
             }),
             device: job.requirements.device_for(&cap),
             file_set: job.file_set,
+            scene_python: job.requirements.scene_python(),
         };
         let ticket = self.save(st, job, vec![task], Vec::new());
         Self::note_grant(st, lease, worker);

@@ -213,6 +213,7 @@ impl Farm {
             started: false,
             preview,
             verify: sub.verify,
+            warnings: Vec::new(),
         };
         // A new task is what its job's record says it is: tasks are not
         // written until they change (see `initial_tasks`), so a million
