@@ -124,6 +124,7 @@ impl pb::work_server::Work for Fake {
                 tile: None,
                 device: "cpu".into(),
                 file_set_digest: String::new(),
+                scene_python: false,
             }),
             ended_jobs: Vec::new(),
         }))

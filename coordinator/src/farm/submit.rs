@@ -227,7 +227,7 @@ impl Farm {
             if let (Some(d), Some(info)) = (sub.file_set, file_set) {
                 st.file_sets.insert(d, info.blobs.into());
             }
-            let ticket = self.commit(&st, vec![Owned::Job(job.clone())]);
+            let ticket = self.commit(&st, vec![Owned::Job(Box::new(job.clone()))]);
             st.install(job, tasks, now);
             ticket
         };
