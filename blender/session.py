@@ -357,8 +357,10 @@ def file_output_nodes():
                 walk(node.node_tree, owner + "_" + node.node_tree.name)
 
     for scene in bpy.data.scenes:
-        if scene.node_tree is not None:
-            walk(scene.node_tree, scene.name)
+        # 5.0 keeps the compositor in a node group; 3.x and 4.x in node_tree.
+        tree = getattr(scene, "compositing_node_group", None) or getattr(scene, "node_tree", None)
+        if tree is not None:
+            walk(tree, scene.name)
     return found
 
 
