@@ -23,6 +23,11 @@ Options (after `--`):
                                            a file outside the job that may well exist)
     --file-output DIR                     (any kind: a compositor File Output node writing the image
                                            and the alpha, slots "Image" and "aov/alpha_", to DIR)
+    --tile-size N                         (Cycles' tile size, auto tiling on: a frame larger than
+                                           N x N renders in Cycles tiles; Blender's default is 2048)
+    --py-driver                           (any kind: the cube's height is driven by a Python
+                                           expression that runs only with auto-run (-y); without it
+                                           Blender skips the driver and renders on, exit 0)
     --denoise                             (any kind: denoising on with OpenImageDenoise, as Blender's
                                            default scene has it; needs a Blender built with it)
     --eevee                               (any kind: the EEVEE engine instead of Cycles, with
@@ -77,6 +82,8 @@ def parse_args():
     p.add_argument("--denoise", action="store_true")
     p.add_argument("--eevee", action="store_true")
     p.add_argument("--texture", default=None, metavar="PATH")
+    p.add_argument("--tile-size", type=int, default=None)
+    p.add_argument("--py-driver", action="store_true")
     return p.parse_args(argv)
 
 
@@ -137,6 +144,9 @@ def setup_render(scene, args):
         scene.render.fps = max(1, round(args.fps))
         scene.render.fps_base = scene.render.fps / args.fps
     scene.frame_current = 1
+    if args.tile_size:
+        scene.cycles.use_auto_tile = True
+        scene.cycles.tile_size = args.tile_size
     if args.threads:
         r.threads_mode = "FIXED"
         r.threads = args.threads
@@ -363,6 +373,25 @@ def add_file_output(scene, base):
     return fo
 
 
+# ---------------------------------------------------------------- Python drivers
+
+PY_DRIVER = "bpy.context.scene.frame_current * 0.5 + 0.75"
+
+
+def add_py_driver(objs):
+    """A driver that needs auto-run Python (it names `bpy`, outside Blender's
+    restricted namespace) but works with it: with -y the cube rises to 1.25 at
+    frame 1; without -y Blender prints `Error in PyDriver` and keeps 0.75."""
+    cube = objs["cube"]
+    fc = cube.driver_add("location", 2)
+    drv = fc.driver
+    drv.type = "SCRIPTED"
+    drv.expression = PY_DRIVER
+    drv.use_self = False
+    # The value this file keeps, whether or not this Blender ran the driver.
+    cube.location.z = 0.75
+
+
 # ---------------------------------------------------------------- failing scenes
 
 def add_failure(scene, mode, objs):
@@ -478,6 +507,8 @@ def main():
         use_eevee(scene, args.samples)
     if args.texture:
         add_texture(objs, args.texture)
+    if args.py_driver:
+        add_py_driver(objs)
     scene.frame_set(1)
     out = os.path.abspath(args.out)
     os.makedirs(os.path.dirname(out), exist_ok=True)

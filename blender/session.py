@@ -18,13 +18,13 @@ string in 3.4 (its arguments are (None, None)), and Cycles only updates its stat
 at sample 0, after the first sample and then in chunks sized to ~30 s of work.
 The only place the "Sample N/M" text exists is Blender's stdout, so (unless
 --no-progress) fd 1 is replaced by a pipe that a thread copies, byte for byte, to
-the original stdout while looking for "Sample N/M".
+the original stdout while looking for "Sample N/M" (or, for a frame larger than
+Cycles' tile size, "Rendered R/N Tiles, Sample S/M": see cycles_progress.py).
 """
 
 import argparse
 import json
 import os
-import re
 import select
 import struct
 import sys
@@ -34,8 +34,12 @@ import traceback
 
 import bpy
 
+# Beside this script (written there by the worker, like remap.py); `python -I`
+# leaves the script's folder off sys.path.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cycles_progress  # noqa: E402
+
 PROGRESS_MIN_INTERVAL = 0.25  # seconds between progress events (at most ~4/s)
-SAMPLE_RE = re.compile(rb"\| Sample (\d+)/(\d+)")
 
 
 def parse_args():
@@ -203,16 +207,18 @@ class StdoutTee:
                 self.tail = b""
                 return
             # Blender flushes each status line whole (one write), so a number is never cut;
-            # the tail only helps with "| Sample" split from the digits.
+            # the tail only helps with a status split from its digits.
             text = self.tail + chunk
-            self.tail = text[-32:]
-            matches = SAMPLE_RE.findall(text)
-            if not matches:
+            self.tail = text[-96:]
+            found = cycles_progress.scan(text)
+            if not found:
                 return
-            value = tuple(int(x) for x in matches[-1])
-            if value[0] <= value[1] and (self.most is None or value[0] >= self.most[0]):
-                self.most = value
-            if value != self.seen and value[0] <= value[1]:
+            # The highest count so far: a tiled frame's lines can dip (see cycles_progress).
+            value = max(found)
+            if self.most is not None and value[0] < self.most[0]:
+                return
+            self.most = value
+            if value != self.seen:
                 self.seen = value
                 self.pending = value
 
@@ -351,8 +357,10 @@ def file_output_nodes():
                 walk(node.node_tree, owner + "_" + node.node_tree.name)
 
     for scene in bpy.data.scenes:
-        if scene.node_tree is not None:
-            walk(scene.node_tree, scene.name)
+        # 5.0 keeps the compositor in a node group; 3.x and 4.x in node_tree.
+        tree = getattr(scene, "compositing_node_group", None) or getattr(scene, "node_tree", None)
+        if tree is not None:
+            walk(tree, scene.name)
     return found
 
 
@@ -647,10 +655,12 @@ def main():
         root, problems = remap_into_root(args)
         session = Session(replier, tee, fail_renders=args.fail_first_render)
         skipped = bpy.app.autoexec_fail_message if bpy.app.autoexec_fail else None
+        # Text blocks registered to run on load run only with auto-run on.
+        scripts = [t.name for t in bpy.data.texts if t.use_module] if skipped is not None else []
         outside = outside_files(root) + [{"path": p, "missing": False} for p in problems]
         replier.send({"event": "ready", "pid": os.getpid(), "blender": bpy.app.version_string,
                       "outside": outside, "newer": newer_file(),
-                      "scripts_skipped": skipped or None,
+                      "scripts_skipped": skipped or None, "scripts": scripts,
                       "engine": session.scene.render.engine,
                       # The real output size, for the worker's pixel limit.
                       "width": session.scene.render.resolution_x

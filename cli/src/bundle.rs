@@ -258,10 +258,16 @@ pub async fn submit(c: &mut Client, dir: &Path, args: &JobArgs, preview: bool) -
         min_vram_gb: job.min_vram_gb,
         tags,
         file_set_digest: file_set.unwrap_or_default(),
-        features: if args.ignore_scene_features {
-            Vec::new()
-        } else {
-            job.features
+        features: {
+            let mut features = if args.ignore_scene_features {
+                Vec::new()
+            } else {
+                job.features
+            };
+            if args.scene_python {
+                features.push(tessera_coordinator::hardware::SCENE_PYTHON.to_string());
+            }
+            features
         },
         blender: job.blender,
         after: args.after.clone(),

@@ -442,10 +442,16 @@ pub async fn prepare(job: &JobArgs) -> Result<Prepared> {
         frames,
         facts,
         layout,
-        features: if job.ignore_scene_features {
-            Vec::new()
-        } else {
-            fileset::features(&trace)
+        features: {
+            let mut features = if job.ignore_scene_features {
+                Vec::new()
+            } else {
+                fileset::features(&trace)
+            };
+            if job.scene_python {
+                features.push(tessera_coordinator::hardware::SCENE_PYTHON.to_string());
+            }
+            features
         },
         preview: false,
     })

@@ -29,7 +29,16 @@ pub async fn render(args: RenderArgs) -> Result<()> {
     // the one that reads the scene (or the one `--blender 4.5` names).
     let local = crate::runtimes::local(&args.job.reader()).await?;
     let (frames, offered) = tokio::join!(prepare(&args.job), crate::runtimes::offer_local(&local));
-    let (frames, offered) = (frames?, offered?);
+    let (frames, mut offered) = (frames?, offered?);
+    // The user's own machine: --scene-python runs the scene's Python here,
+    // as `blender -b -y` would.
+    if args.job.scene_python {
+        for o in &mut offered {
+            o.caps
+                .features
+                .push(tessera_coordinator::hardware::SCENE_PYTHON.to_string());
+        }
+    }
     let chosen = crate::runtimes::choose(&local, &frames.scene, args.job.requirement()?)?;
     let features = offered
         .iter()
@@ -115,6 +124,7 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         capacity: "on-demand".into(),
         untrusted: false,
         test_corrupt_pixel: false,
+        allow_scene_python: args.job.scene_python,
     };
     let mode = crate::commands::render_mode(args.fresh_process, 60.0)?;
     let worker = tokio::spawn(tessera_worker::agent::run_blender(

@@ -478,6 +478,13 @@ struct WorkerArgs {
     /// the coordinator verifies a share of its tasks (`--verify-untrusted`).
     #[arg(long)]
     untrusted: bool,
+    /// Run the Python stored in a scene (drivers, registered scripts) for
+    /// jobs submitted with --scene-python: Blender starts with
+    /// --enable-autoexec for them. A RISK: that Python can do anything this
+    /// worker's user can (read its cache and token file, reach the network).
+    /// Allow it only on machines set apart for trusted scenes.
+    #[arg(long)]
+    allow_scene_python: bool,
     /// TEST ONLY: change one pixel of every PNG this worker renders, after
     /// Blender wrote it, so tests can check that verification catches it.
     #[arg(long, hide = true)]
@@ -565,6 +572,12 @@ struct JobArgs {
     /// mismatch is settled by a third worker (at least one task when above 0).
     #[arg(long, default_value_t = 0.0, value_parser = fraction)]
     verify: f64,
+    /// Run the Python stored in the scene (drivers that need auto-run,
+    /// registered scripts), as `blender -b -y` would: only workers started
+    /// with --allow-scene-python take the job. Without it such drivers are
+    /// not evaluated, as in `blender -b` without `-y`, and the job says so.
+    #[arg(long)]
+    scene_python: bool,
 }
 
 /// A fraction from 0 to 1, for `--verify` and `--verify-untrusted`.

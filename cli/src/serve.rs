@@ -306,6 +306,14 @@ pub async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
                 .push(tessera_worker::capabilities::feature::OPTIX_DENOISE.to_string());
         }
     }
+    if args.allow_scene_python {
+        tracing::warn!("--allow-scene-python: jobs submitted with --scene-python run the Python stored in their scenes on this machine");
+        for o in &mut runtimes {
+            o.caps
+                .features
+                .push(tessera_worker::capabilities::feature::SCENE_PYTHON.to_string());
+        }
+    }
     for t in &args.tag {
         if t.is_empty()
             || t.len() > 64
@@ -368,6 +376,7 @@ pub async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
         capacity: args.capacity.clone(),
         untrusted: args.untrusted,
         test_corrupt_pixel: args.test_corrupt_pixel,
+        allow_scene_python: args.allow_scene_python,
     };
     tracing::info!(slots, "worker starting");
     let mode = render_mode(args.fresh_process, args.session_idle)?;

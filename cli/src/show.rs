@@ -112,6 +112,9 @@ pub fn job(j: &pb::JobView) {
             &j.file_set_digest[..j.file_set_digest.len().min(16)]
         );
     }
+    for w in &j.warnings {
+        println!("  warning   {w}");
+    }
     if !j.missing_files.is_empty() {
         println!(
             "  missing   {} file(s) submitted without (--allow-missing):",

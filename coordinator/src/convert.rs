@@ -216,6 +216,7 @@ impl From<&JobSnapshot> for pb::JobView {
             usage: Some((&s.usage).into()),
             preview: preview_view(&j.preview),
             fps: j.preview.fps.unwrap_or(0.0),
+            warnings: j.warnings.clone(),
             frame_stats: frame_stats(&s.tasks),
             verify: j.verify,
             tasks_verifying: s
@@ -451,6 +452,7 @@ impl From<&Assignment> for pb::TaskAssignment {
             device: a.device.name().into(),
             file_set_digest: a.file_set.map(|d| d.to_hex()).unwrap_or_default(),
             blender: a.blender.map(|v| v.to_string()).unwrap_or_default(),
+            scene_python: a.scene_python,
         }
     }
 }

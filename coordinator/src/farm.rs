@@ -259,6 +259,8 @@ pub struct Assignment {
     /// The coordinator's `--max-pixels`, for the worker to check the
     /// scene's real output size against.
     pub max_pixels: crate::limits::PixelLimit,
+    /// Run the scene's stored Python (the job's `scene-python` feature).
+    pub scene_python: bool,
 }
 
 /// What a worker says about itself when it registers.

@@ -536,7 +536,9 @@ impl pb::work_server::Work for WorkService {
             .take(outputs.len())
             .map(crate::verify::FrameStats::from)
             .collect();
-        let pending = self.farm.complete_begin_with_stats(lease, outputs, stats)?;
+        let pending = self
+            .farm
+            .complete_begin_with_stats(lease, outputs, stats, req.warnings)?;
         pending.ticket.stored().await?;
         if let Some((job, frame)) = pending.stitch {
             blocking(&self.farm, move |f| {

@@ -109,12 +109,22 @@ pub struct Requirements {
 }
 
 /// Blender features a job may need, with how messages name them.
-pub const FEATURES: [(&str, &str); 4] = [
+pub const FEATURES: [(&str, &str); 5] = [
     ("openimagedenoise", "OpenImageDenoise"),
     ("optix-denoise", "OptiX denoising"),
     ("osl", "OSL"),
     ("eevee", "EEVEE"),
+    // Not a build property: the admin's choice (`worker --allow-scene-python`),
+    // matched like one so such jobs run only on those workers.
+    (
+        SCENE_PYTHON,
+        "the scene's stored Python allowed (a worker started with --allow-scene-python)",
+    ),
 ];
+
+/// The feature of a job that runs its scene's stored Python
+/// (`submit --scene-python`); its tasks start Blender with `--enable-autoexec`.
+pub const SCENE_PYTHON: &str = "scene-python";
 
 impl Requirements {
     /// Validates user input: `device` is any/cpu/cuda/optix, `min_vram_gb` a
@@ -190,6 +200,11 @@ impl Requirements {
                     && self.features.iter().all(|f| r.features.contains(f))
             })
             .max_by_key(|r| r.version)
+    }
+
+    /// Whether the job runs its scene's stored Python ([`SCENE_PYTHON`]).
+    pub fn scene_python(&self) -> bool {
+        self.features.iter().any(|f| f == SCENE_PYTHON)
     }
 
     /// Whether a slot of a worker carrying `tags` can serve the job.

@@ -144,7 +144,17 @@ pub struct Job {
     /// The fraction of its tasks rendered twice and compared (`--verify`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub verify: f64,
+    /// What workers reported about how its frames were rendered (stored
+    /// Python that did not run), once each, at most [`MAX_WARNINGS`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
+
+/// Most warnings a job keeps: every worker reports its own, every task.
+pub const MAX_WARNINGS: usize = 20;
+
+/// Longest warning kept, in characters.
+const MAX_WARNING_CHARS: usize = 1000;
 
 fn is_zero(v: &f64) -> bool {
     *v == 0.0
@@ -155,6 +165,21 @@ fn whole() -> Grid {
 }
 
 impl Job {
+    /// Adds workers' warnings: new ones only, cut to a sane length, while
+    /// fewer than [`MAX_WARNINGS`] are kept. Returns whether any was added.
+    pub fn add_warnings(&mut self, warnings: &[String]) -> bool {
+        let mut added = false;
+        for w in warnings {
+            let w: String = w.trim().chars().take(MAX_WARNING_CHARS).collect();
+            if w.is_empty() || self.warnings.len() >= MAX_WARNINGS || self.warnings.contains(&w) {
+                continue;
+            }
+            self.warnings.push(w);
+            added = true;
+        }
+        added
+    }
+
     /// Whether frames are split into tiles.
     pub fn is_tiled(&self) -> bool {
         self.grid.count() > 1
@@ -311,7 +336,30 @@ mod tests {
             started: false,
             preview: Default::default(),
             verify: 0.0,
+            warnings: Vec::new(),
         }
+    }
+
+    #[test]
+    fn warnings_are_kept_once_and_bounded() {
+        let mut j = job();
+        assert!(j.add_warnings(&["driver `a` skipped".into(), " driver `a` skipped ".into()]));
+        assert!(!j.add_warnings(&["driver `a` skipped".into(), String::new()]));
+        assert_eq!(j.warnings, ["driver `a` skipped"]);
+        let many: Vec<String> = (0..50).map(|i| format!("w{i}")).collect();
+        j.add_warnings(&many);
+        assert_eq!(j.warnings.len(), MAX_WARNINGS);
+        j.warnings.clear();
+        j.add_warnings(&["x".repeat(5000)]);
+        assert_eq!(j.warnings[0].len(), MAX_WARNING_CHARS);
+        // Older records have none; the field is left out when empty.
+        let text = serde_json::to_string(&job()).unwrap();
+        assert!(!text.contains("warnings"), "{text}");
+        let back: Job = serde_json::from_str(&text).unwrap();
+        assert!(back.warnings.is_empty());
+        j.warnings = vec!["kept".into()];
+        let back: Job = serde_json::from_str(&serde_json::to_string(&j).unwrap()).unwrap();
+        assert_eq!(back.warnings, ["kept"]);
     }
 
     #[test]

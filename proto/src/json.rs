@@ -73,6 +73,7 @@ pub fn job(j: &pb::JobView) -> Value {
         "tags": j.tags,
         "features": j.features,
         "blender": j.blender,
+        "warnings": j.warnings,
         "created_ms": j.created_ms,
         "finished_ms": if j.finished_ms == 0 { Value::Null } else { json!(j.finished_ms) },
         "after": j.after,

@@ -326,3 +326,80 @@ fn tile_grids_and_formats_that_cannot_work_are_refused_at_submit() {
         "only the untiled job was accepted"
     );
 }
+
+/// Submits frame 1 of `scene` in `tiles` and waits until the job is done.
+fn submit_done(f: &Farm, scene: &Path, tiles: &str) -> u64 {
+    let job = submit(&f.coord.url, scene, &["--frames", "1", "--tiles", tiles]);
+    let end = wait_for(&f.coord.url, job, LONG, "the job to end", |j| {
+        j["state"] == "done" || j["state"] == "failed"
+    });
+    assert_eq!(end["state"], "done", "{end:#}");
+    job
+}
+
+#[test]
+fn frames_larger_than_cycles_tile_size_render_exactly_whole_and_in_farm_tiles() {
+    // 256x192 with Cycles' tile size 64: Cycles renders 12 tiles of its own
+    // and prints `Rendered 3/12 Tiles, Sample 1/4`, never `| Sample 1/4`.
+    let scene = scene(&[
+        "--kind",
+        "still",
+        "--width",
+        "256",
+        "--height",
+        "192",
+        "--samples",
+        "4",
+        "--tile-size",
+        "64",
+        "--frames",
+        "1",
+    ]);
+    let f = farm(&["a", "b"], &[]);
+    let refs = f.dir.path().join("refs");
+    reference(&scene, 1, 1, &refs);
+    for tiles in ["1x1", "2x2"] {
+        let job = submit_done(&f, &scene, tiles);
+        let out = f.dir.path().join(format!("out-{tiles}"));
+        cli_ok(
+            &f.coord.url,
+            &["fetch", &job.to_string(), "-o", out.to_str().unwrap()],
+        );
+        assert_same_pixels(&out.join("frame_0001.png"), &refs.join("ref_0001.png"));
+        let st = status(&f.coord.url, job);
+        assert_eq!(st["tasks"][0]["attempts"], 0, "no failed attempt: {st:#}");
+    }
+}
+
+#[test]
+fn a_4k_uhd_frame_at_one_sample_renders_in_cycles_tiles_exactly() {
+    // Blender's default tile size (2048) splits a 3840x2160 frame in 4.
+    let scene = scene(&[
+        "--kind",
+        "still",
+        "--width",
+        "3840",
+        "--height",
+        "2160",
+        "--samples",
+        "1",
+        "--frames",
+        "1",
+    ]);
+    let f = farm(&["a"], &[]);
+    let out = f.dir.path().join("out");
+    let started = std::time::Instant::now();
+    submit_wait(&f.coord.url, &scene, "1", &out);
+    eprintln!(
+        "4K frame through the farm: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let refs = f.dir.path().join("refs");
+    let started = std::time::Instant::now();
+    reference(&scene, 1, 1, &refs);
+    eprintln!(
+        "4K frame with blender -b: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert_same_pixels(&out.join("frame_0001.png"), &refs.join("ref_0001.png"));
+}

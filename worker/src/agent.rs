@@ -70,6 +70,10 @@ pub struct WorkerConfig {
     /// TESTS ONLY: change one pixel of every PNG frame (`tessera worker
     /// --test-corrupt-pixel`, see [`crate::corrupt`]).
     pub test_corrupt_pixel: bool,
+    /// The admin lets jobs run the Python stored in their scenes
+    /// (`--allow-scene-python`; the worker then reports the `scene-python`
+    /// feature, see [`crate::isolation::blender_flags`]).
+    pub allow_scene_python: bool,
 }
 
 /// A worker's GPUs and their telemetry sources.
@@ -496,11 +500,12 @@ async fn run_task<R: Renderer>(
     heartbeat.abort();
     watcher.abort();
     match outcome {
-        Ok((outputs, stats)) => {
+        Ok((outputs, stats, warnings)) => {
             let req = pb::CompleteRequest {
                 lease_id: lease.clone(),
                 outputs,
                 stats,
+                warnings,
             };
             match retry("reporting a result", RESULT_PATIENCE, || {
                 let (mut c, r) = (client.clone(), req.clone());
@@ -597,15 +602,29 @@ fn stop_gpu_work<R: Renderer>(shared: &Shared<R>, slot: u32) {
     }
 }
 
-/// Fetches, renders and uploads; returns the outputs to report.
+/// What a task reports when done: its outputs, their render statistics and
+/// warnings for the job.
+type Report = (Vec<pb::FrameOutput>, Vec<pb::FrameStats>, Vec<String>);
+
+/// Fetches, renders and uploads; returns what to report.
 async fn execute<R: Renderer>(
     shared: &Shared<R>,
     task: &pb::TaskAssignment,
     slot: u32,
     progress: Arc<Progress>,
     stop: watch::Receiver<bool>,
-) -> Result<(Vec<pb::FrameOutput>, Vec<pb::FrameStats>), RenderFailure> {
+) -> Result<Report, RenderFailure> {
     let transfer_failed = |what: String| failure(Kind::Transfer, what, "", String::new());
+    if task.scene_python && !shared.config.allow_scene_python {
+        // The coordinator matches the feature; this guards against one that
+        // does not (an older one), since auto-run is the admin's decision.
+        return Err(failure(
+            Kind::NotAllowed,
+            "the job runs the scene's stored Python, which this worker does not allow".into(),
+            "",
+            String::new(),
+        ));
+    }
     let mut blobs = pb::blobs_client::BlobsClient::new(shared.channel.clone());
     // A job with a file set renders from its root, built from the file cache.
     let root = match task.file_set_digest.as_str() {
@@ -703,6 +722,7 @@ async fn execute<R: Renderer>(
                 ],
             })
         }),
+        scene_python: task.scene_python,
     };
     let frames = shared.renderer.render(req, progress, stop).await;
     drop(root);
@@ -712,8 +732,14 @@ async fn execute<R: Renderer>(
     let frames = frames?;
     let mut outputs = Vec::with_capacity(frames.len());
     let mut stats = Vec::with_capacity(frames.len());
+    let mut warnings: Vec<String> = Vec::new();
     let corrupt = shared.config.test_corrupt_pixel;
     for f in frames {
+        for w in &f.warnings {
+            if !warnings.contains(w) {
+                warnings.push(w.clone());
+            }
+        }
         stats.push(stamps::settle(&f.path, f.frame, corrupt).await);
         for p in &f.passes {
             stamps::settle(&p.path, f.frame, false).await;
@@ -739,7 +765,7 @@ async fn execute<R: Renderer>(
             });
         }
     }
-    Ok((outputs, stats))
+    Ok((outputs, stats, warnings))
 }
 
 /// Hashes and uploads one file of `frame`; the output lacks its extension and pass.

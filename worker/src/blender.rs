@@ -100,6 +100,9 @@ pub struct RenderRequest {
     pub blender: Option<String>,
     /// The coordinator's pixel limit (`--max-pixels` W, H), if it sent one.
     pub max_pixels: Option<(u32, u32)>,
+    /// Run the scene's stored Python (auto-run): the job asked for it and
+    /// this worker allows it (see [`crate::isolation::blender_flags`]).
+    pub scene_python: bool,
 }
 
 /// Pins a Blender child to one GPU: CUDA and OptiX see only that device.
@@ -133,6 +136,9 @@ pub struct RenderedFrame {
     pub ext: String,
     /// Extra outputs of the frame (File Output nodes), checked and fresh.
     pub passes: Vec<PassFile>,
+    /// What the job should know about how it was rendered (stored Python
+    /// that did not run, see [`crate::scene_python`]).
+    pub warnings: Vec<String>,
 }
 
 /// One extra output of a frame.

@@ -14,4 +14,8 @@ pub mod feature {
     /// The EEVEE engine: a tiny EEVEE frame rendered at start (on a headless
     /// machine, through Blender's fallback to surfaceless EGL).
     pub const EEVEE: &str = "eevee";
+    /// The worker runs a scene's stored Python when a job asks for it
+    /// (`tessera worker --allow-scene-python`): an admin's choice, not a
+    /// property of its Blender.
+    pub const SCENE_PYTHON: &str = "scene-python";
 }

@@ -69,6 +69,9 @@ pub enum Kind {
     Transfer,
     /// The coordinator refused the result for good.
     Refused,
+    /// The task asks for something this worker's admin does not allow
+    /// (the scene's stored Python).
+    NotAllowed,
 }
 
 /// A failure's scope and the reason to report, with the fix.
@@ -215,6 +218,12 @@ pub fn classify(kind: Kind, what: &str, words: &str) -> Diagnosis {
                  scene's output settings",
             )
         }
+        Kind::NotAllowed => {
+            return fixed(
+                Scope::Machine,
+                "a worker started with --allow-scene-python may render it",
+            )
+        }
         _ => {}
     }
     if let Some((_, scope, fix)) = RULES
@@ -245,7 +254,9 @@ pub fn classify(kind: Kind, what: &str, words: &str) -> Diagnosis {
             scope: Scope::Transient,
             reason: what.to_string(),
         },
-        Kind::OutsideFiles | Kind::NewerBlender | Kind::Refused => unreachable!("handled above"),
+        Kind::OutsideFiles | Kind::NewerBlender | Kind::Refused | Kind::NotAllowed => {
+            unreachable!("handled above")
+        }
     }
 }
 
@@ -383,6 +394,9 @@ mod tests {
         assert_eq!(d.scope, Scope::Everywhere);
         let d = classify(Kind::NewerBlender, "saved by Blender 4.2", "");
         assert_eq!(d.scope, Scope::Everywhere);
+        let d = classify(Kind::NotAllowed, "the job runs stored Python", "Traceback");
+        assert_eq!(d.scope, Scope::Machine);
+        assert!(d.reason.contains("--allow-scene-python"), "{}", d.reason);
     }
 
     #[test]

@@ -4,7 +4,10 @@
 //! - Blender starts with `--factory-startup` (no preferences or startup file
 //!   of the worker's account) and `--disable-autoexec` (no Python stored in
 //!   the scene runs: no registered text blocks, no drivers beyond Blender's
-//!   restricted expressions), whatever the account's preferences say.
+//!   restricted expressions), whatever the account's preferences say. Only a
+//!   job that asks for stored Python (`submit --scene-python`), on a worker
+//!   whose admin allows it (`worker --allow-scene-python`), gets
+//!   `--enable-autoexec` instead ([`blender_flags`]).
 //! - Its environment is rebuilt from a short allow-list ([`blender_env`]):
 //!   nothing named `TESSERA_*`, no token, no coordinator address, no cloud
 //!   credentials; `TMPDIR` points into the worker's cache, and Blender's user
@@ -182,10 +185,15 @@ mod tests {
     }
 
     #[test]
-    fn blender_never_runs_stored_python() {
-        assert!(blender_flags(false).contains(&"--disable-autoexec"));
-        assert!(blender_flags(false).contains(&"--factory-startup"));
-        assert!(blender_flags(true).contains(&"--enable-autoexec"));
+    fn blender_runs_stored_python_only_when_asked() {
+        assert_eq!(
+            blender_flags(false),
+            ["-b", "--factory-startup", "--disable-autoexec"]
+        );
+        assert_eq!(
+            blender_flags(true),
+            ["-b", "--factory-startup", "--enable-autoexec"]
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! - [`verify`]: whether a frame is one Blender really rendered for the task.
 //! - [`failure`]: who could fix a failed render (the failure's scope), and how.
 //! - [`isolation`]: Blender's command line and environment; hiding the worker's memory.
+//! - [`scene_python`]: stored Python Blender did not run (auto-run off), as job warnings.
 //! - [`metadata`]: Blender's volatile stamps taken out of images, read into render stats.
 //! - [`passes`]: extra outputs of a frame (File Output nodes) and their names.
 //! - [`cache`]: the scene cache, keyed by blake3 digest.
@@ -38,6 +39,7 @@ pub mod metadata;
 pub mod output_size;
 pub mod passes;
 pub mod runtime;
+pub mod scene_python;
 pub mod session;
 pub mod slots;
 pub mod transfer;

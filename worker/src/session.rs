@@ -40,6 +40,7 @@ use crate::blender::{
 };
 use crate::error::Error;
 use crate::failure::Kind;
+use crate::scene_python::SkippedDrivers;
 use crate::verify;
 
 /// The session script, shipped inside the binary so a worker needs no checkout.
@@ -48,6 +49,8 @@ const SCRIPT: &str = include_str!("../../blender/session.py");
 const REMAP: &str = include_str!("../../blender/remap.py");
 /// The reference walk `remap.py` shares with submit-time tracing.
 const DEPS: &str = include_str!("../../blender/deps.py");
+/// Reads Cycles' progress lines (imported by the session).
+const CYCLES_PROGRESS: &str = include_str!("../../blender/cycles_progress.py");
 
 /// Lines of Blender's output kept for a failure report.
 const LOG_TAIL_LINES: usize = 80;
@@ -89,17 +92,24 @@ struct Session {
     /// Errors Blender printed while loading the scene (a driver that fails
     /// is reported once, at load): they spoil every render of the session.
     load_errors: Vec<String>,
+    /// Warnings for the job: stored Python that did not run.
+    warnings: Vec<String>,
 }
 
-/// Error lines and the last Python exception printed during one command.
+/// Error lines and the last Python exception printed during one command,
+/// and the drivers Blender skipped because auto-run is off (not errors).
 #[derive(Default)]
 struct Printed {
     errors: Vec<String>,
     exception: Option<String>,
+    skipped: SkippedDrivers,
 }
 
 impl Printed {
     fn note(&mut self, line: &str) {
+        if self.skipped.note(line) {
+            return;
+        }
         if is_error_line(line) && self.errors.len() < 5 {
             self.errors.push(line.trim().to_string());
         }
@@ -118,6 +128,15 @@ impl Printed {
 }
 
 impl Session {
+    /// Keeps the warnings of `printed` (once each).
+    fn note_warnings(&mut self, printed: &Printed) {
+        for w in printed.skipped.warnings() {
+            if !self.warnings.contains(&w) {
+                self.warnings.push(w);
+            }
+        }
+    }
+
     fn push_line(&mut self, line: String) {
         if self.tail.len() == LOG_TAIL_LINES {
             self.tail.pop_front();
@@ -265,6 +284,7 @@ impl Session {
             };
             // Lines printed up to the answer belong to this render.
             self.drain_lines(Some(&mut printed));
+            self.note_warnings(&printed);
             let errors = printed.all();
             if let Some(e) = summarize(&errors) {
                 return Err(failure(
@@ -298,6 +318,7 @@ impl Session {
                 path: reported.path,
                 ext,
                 passes,
+                warnings: self.warnings.clone(),
             });
         }
         if req.tile.is_some() && req.out_dir.join("passes").is_dir() {
@@ -388,13 +409,15 @@ impl SessionRenderer {
             .map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;
         let script = dir.join("tessera_session.py");
         // remap.py (and deps.py, which it imports) rewrite a file set's
-        // absolute references at load; they sit beside the session script.
+        // absolute references at load, and cycles_progress.py reads Cycles'
+        // progress lines; they sit beside the session script.
         let bpy_run = dir.join("bpy_run.py");
         for (path, text) in [
             (script.clone(), SCRIPT),
             (bpy_run.clone(), crate::runtime::BPY_RUN),
             (dir.join("remap.py"), REMAP),
             (dir.join("deps.py"), DEPS),
+            (dir.join("cycles_progress.py"), CYCLES_PROGRESS),
         ] {
             std::fs::write(&path, text)
                 .map_err(|e| Error::io(format!("cannot write {}", path.display()), e))?;
@@ -449,7 +472,12 @@ impl SessionRenderer {
             std::io::pipe().map_err(|e| disk(format!("cannot create a pipe for Blender: {e}")))?;
         let fail_renders =
             self.config.fail_first_render && self.first_started.lock().unwrap().insert(req.slot);
-        let mut cmd = runtime.command(Some(&req.scene), &self.script, &self.bpy_run, false);
+        let mut cmd = runtime.command(
+            Some(&req.scene),
+            &self.script,
+            &self.bpy_run,
+            req.scene_python,
+        );
         cmd.args([
             "--reply-fd",
             "3",
@@ -513,6 +541,7 @@ impl SessionRenderer {
             last_used: Instant::now(),
             renders: 0,
             load_errors: Vec::new(),
+            warnings: Vec::new(),
         };
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
         let ready = loop {
@@ -554,6 +583,7 @@ impl SessionRenderer {
         for l in &session.tail {
             printed.note(l);
         }
+        session.note_warnings(&printed);
         session.load_errors = printed.all();
         if let Some(f) = refuse_scene(&ready, &session.log_tail())
             .or_else(|| crate::output_size::refuse(&ready, req, &session.log_tail()))
@@ -567,6 +597,11 @@ impl SessionRenderer {
                 "the scene's stored Python was not run (workers run Blender with --disable-autoexec): {skipped}"
             );
         }
+        session
+            .warnings
+            .extend(crate::scene_python::scripts_warning(&strings(
+                &ready["scripts"],
+            )));
         tracing::info!(
             job = req.job,
             slot = req.slot,
@@ -602,6 +637,17 @@ impl SessionRenderer {
             )
         })
     }
+}
+
+/// The strings of a JSON array (none when it is not one).
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| Some(s.as_str()?.to_string()))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// `--job-root DIR --mappings FILE` for a job with a file set (the mappings

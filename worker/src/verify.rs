@@ -12,7 +12,9 @@
 //!   sending the command: both come from the same kernel clock),
 //! - it measures what the scene renders (resolution times percentage) or, for
 //!   a tile, exactly the tile's size,
-//! - and, for Cycles, Blender printed at least one finished sample.
+//! - and, for Cycles, Blender printed at least one finished sample
+//!   (`Sample N/M`, or `Rendered R/N Tiles, Sample S/M` for a frame larger
+//!   than Cycles' tile size; read by `blender/cycles_progress.py`).
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -157,7 +159,7 @@ pub fn judge(
     if reported.engine == "CYCLES" && reported.counted && reported.samples_done.unwrap_or(0) == 0 {
         return Err(format!(
             "Blender finished frame {frame} without rendering a single sample (Cycles printed no \
-             `Sample N/M`): the image is not a real render"
+             `Sample N/M` nor `Rendered R/N Tiles, Sample S/M`): the image is not a real render"
         ));
     }
     Ok(())
@@ -276,5 +278,90 @@ mod tests {
         assert_eq!(r.passes.len(), 1);
         let v = serde_json::json!({"samples_done": null, "counted": true});
         assert_eq!(Reported::from_reply(&v).samples_done, None);
+    }
+
+    /// Runs `blender/cycles_progress.py` (the parser the session uses inside
+    /// Blender) on `lines`; None when no Python 3 is installed here.
+    fn cycles_progress(lines: &[&str]) -> Option<Vec<Option<(u32, u32)>>> {
+        use std::io::Write;
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../blender/cycles_progress.py");
+        let mut child = match std::process::Command::new("python3")
+            .arg("-I")
+            .arg(&script)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+        {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => panic!("python3 {}: {e}", script.display()),
+        };
+        let mut stdin = child.stdin.take().unwrap();
+        for l in lines {
+            writeln!(stdin, "{l}").unwrap();
+        }
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Some(
+            String::from_utf8(out.stdout)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str::<Option<(u32, u32)>>(l).unwrap())
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn every_form_of_cycles_progress_counts_samples() {
+        // As Blender 3.4.1 and 4.5.15 print them (the tiled lines from a
+        // 256x192 frame with tile size 64: 12 tiles of 4 samples).
+        let head = "Fra:1 Mem:10.07M (Peak 10.83M) | Time:00:00.16 | Remaining:00:00.24 | \
+                    Mem:0.92M, Peak:0.92M | Scene, ViewLayer | ";
+        let forms: &[(&str, Option<(u32, u32)>)] = &[
+            ("Sample 0/8", Some((0, 8))),
+            ("Sample 4/8", Some((4, 8))),
+            ("Sample 8/8", Some((8, 8))),
+            // Cycles appends a device's status in brackets.
+            ("Sample 1/8 (Compiling kernels)", Some((1, 8))),
+            ("Rendered 0/12 Tiles, Sample 0/4", Some((0, 48))),
+            ("Rendered 0/12 Tiles, Sample 1/4", Some((1, 48))),
+            // The first tile just finished: only it can have.
+            ("Rendered 0/12 Tiles, Sample 4/4", Some((4, 48))),
+            ("Rendered 1/12 Tiles, Sample 4/4", Some((4, 48))),
+            ("Rendered 1/12 Tiles, Sample 1/4", Some((5, 48))),
+            // Tile 3 finished or tile 2 was just counted: the lower bound.
+            ("Rendered 2/12 Tiles, Sample 4/4", Some((8, 48))),
+            ("Rendered 11/12 Tiles, Sample 3/4", Some((47, 48))),
+            // After the last tile Cycles resets its sample count.
+            ("Rendered 11/12 Tiles, Sample 0/4", Some((44, 48))),
+            // A 4K UHD frame at 1 sample with the default tile size 2048.
+            ("Rendered 1/4 Tiles, Sample 1/1", Some((1, 4))),
+            ("Rendered 3/4 Tiles, Sample 0/1", Some((3, 4))),
+            // Not progress: other status lines, impossible numbers.
+            ("Synchronizing object | Cube", None),
+            ("Finished", None),
+            ("Sample 9/8", None),
+            ("Rendered 13/12 Tiles, Sample 1/4", None),
+            ("Sample 1/0", None),
+        ];
+        let lines: Vec<String> = forms.iter().map(|(l, _)| format!("{head}{l}")).collect();
+        let mut lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+        // A name that reads like progress is not progress without the bar.
+        lines.push("Read blend: /tmp/Sample 4/4.blend");
+        let Some(got) = cycles_progress(&lines) else {
+            eprintln!("skipped: no python3 on PATH to run blender/cycles_progress.py");
+            return;
+        };
+        let mut want: Vec<Option<(u32, u32)>> = forms.iter().map(|(_, v)| *v).collect();
+        want.push(None);
+        for ((line, g), w) in lines.iter().zip(&got).zip(&want) {
+            assert_eq!(g, w, "{line}");
+        }
+        assert_eq!(got.len(), want.len());
     }
 }

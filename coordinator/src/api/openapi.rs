@@ -214,6 +214,7 @@ pub fn document() -> Value {
                     "tasks": {"type": "array", "items": {"type": "object"}},
                     "frame_tiles": {"type": "array", "items": {"type": "object"}},
                     "waiting": {"type": "string"}, "message": {"type": "string"}, "owner": {"type": "string"},
+                    "warnings": {"type": "array", "items": {"type": "string"}, "description": "what workers reported about how the frames were rendered, e.g. a driver that needs auto-run Python and was not evaluated"},
                     "fps": {"type": ["number", "null"]},
                     "preview": {"oneOf": [{"type": "null"}, {"$ref": "#/components/schemas/Preview"}]},
                     "verify": {"type": "number"}, "tasks_verifying": {"type": "integer"},

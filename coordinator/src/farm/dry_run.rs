@@ -54,6 +54,7 @@ impl Farm {
             started: false,
             preview: Default::default(),
             verify: sub.verify,
+            warnings: Vec::new(),
         };
         let now = self.clock.now_ms();
         let st = self.lock();

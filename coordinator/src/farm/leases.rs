@@ -97,6 +97,7 @@ impl Farm {
             file_set: job.file_set,
             blender: job.requirements.runtime_for(&runtimes).map(|r| r.version),
             max_pixels: self.config.max_pixels,
+            scene_python: job.requirements.scene_python(),
         };
         let ticket = self.save(st, job, vec![task], Vec::new());
         Self::note_grant(st, lease, worker);

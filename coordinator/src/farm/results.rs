@@ -17,17 +17,19 @@ pub struct PendingResult {
 impl Farm {
     /// Records a task's result. Every output blob must already be stored.
     pub fn complete(&self, lease: LeaseId, outputs: Vec<FrameOutput>) -> Result<Completion, Error> {
-        self.complete_with_stats(lease, outputs, Vec::new())
+        self.complete_with_stats(lease, outputs, Vec::new(), Vec::new())
     }
 
-    /// Records a task's result with what Blender stamped into its frames.
+    /// Records a task's result with what Blender stamped into its frames and
+    /// the worker's warnings for the job.
     pub fn complete_with_stats(
         &self,
         lease: LeaseId,
         outputs: Vec<FrameOutput>,
         stats: Vec<crate::verify::FrameStats>,
+        warnings: Vec<String>,
     ) -> Result<Completion, Error> {
-        let pending = self.complete_begin_with_stats(lease, outputs, stats)?;
+        let pending = self.complete_begin_with_stats(lease, outputs, stats, warnings)?;
         pending.ticket.wait()?;
         if let Some((job, frame)) = pending.stitch {
             self.stitch_ready(job, frame);
@@ -52,17 +54,19 @@ impl Farm {
         lease: LeaseId,
         outputs: Vec<FrameOutput>,
     ) -> Result<PendingResult, Error> {
-        self.complete_begin_with_stats(lease, outputs, Vec::new())
+        self.complete_begin_with_stats(lease, outputs, Vec::new(), Vec::new())
     }
 
-    /// [`Farm::complete_begin`] with the frames' render statistics. A result
-    /// of a task sampled for verification is held until a second worker
-    /// agrees ([`crate::verify`]).
+    /// [`Farm::complete_begin`] with the frames' render statistics and the
+    /// worker's warnings (kept with the job, see [`Job::add_warnings`]). A
+    /// result of a task sampled for verification is held until a second
+    /// worker agrees ([`crate::verify`]).
     pub fn complete_begin_with_stats(
         &self,
         lease: LeaseId,
         outputs: Vec<FrameOutput>,
         stats: Vec<crate::verify::FrameStats>,
+        warnings: Vec<String>,
     ) -> Result<PendingResult, Error> {
         for o in &outputs {
             check_output(o)?;
@@ -132,6 +136,10 @@ impl Farm {
                 });
             }
             tracing::debug!(lease = %lease, "task done");
+            // Stored with the result's own write of the job record.
+            if job.add_warnings(&warnings) {
+                tracing::info!(job = %job.id, "job warning: {}", warnings.join("; "));
+            }
             let frame = task.frames[0];
             let was_done = st.tasks[&lease.job][task.index as usize].is_done();
             let done = st.index[&lease.job].counts.done + u32::from(!was_done);

@@ -222,6 +222,7 @@ impl Farm {
             started: false,
             preview,
             verify: sub.verify,
+            warnings: Vec::new(),
         };
         // A new task is what its job's record says it is: tasks are not
         // written until they change (see `initial_tasks`), so a million
@@ -235,7 +236,7 @@ impl Farm {
             if let (Some(d), Some(info)) = (sub.file_set, file_set) {
                 st.file_sets.insert(d, info.blobs.into());
             }
-            let ticket = self.commit(&st, vec![Owned::Job(job.clone())]);
+            let ticket = self.commit(&st, vec![Owned::Job(Box::new(job.clone()))]);
             st.install(job, tasks, now);
             ticket
         };

@@ -25,7 +25,8 @@ use crate::store::{ArchivedJob, Record};
 /// A record to write, owned so that it can wait in the commit queue.
 #[derive(Debug, Clone)]
 pub(super) enum Owned {
-    Job(Job),
+    // Boxed: a job record is several times larger than the others.
+    Job(Box<Job>),
     Task(Task),
     Worker(WorkerRecord),
     User(UserRecord),
@@ -322,7 +323,7 @@ impl Farm {
         let mut records: Vec<Owned> = changed.iter().cloned().map(Owned::Task).collect();
         records.extend(extra);
         if st.jobs.get(&job.id) != Some(&job) {
-            records.push(Owned::Job(job.clone()));
+            records.push(Owned::Job(Box::new(job.clone())));
         }
         let ticket = self.commit(st, records);
         st.install(job, changed, now);

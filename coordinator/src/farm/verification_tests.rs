@@ -49,7 +49,7 @@ fn a_sampled_result_waits_for_a_different_worker_to_agree() {
     }];
     assert_eq!(
         f.farm
-            .complete_with_stats(first.lease, vec![output(&f, 1)], stats.clone())
+            .complete_with_stats(first.lease, vec![output(&f, 1)], stats.clone(), Vec::new())
             .unwrap(),
         Completion::Recorded
     );

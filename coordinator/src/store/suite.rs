@@ -99,6 +99,7 @@ pub fn job(id: u64) -> Job {
         started: true,
         preview: Default::default(),
         verify: 0.25,
+        warnings: vec!["driver `x` needs auto-run Python".into()],
     }
 }
 
