@@ -25,6 +25,27 @@ pub struct CoordinatorProcess {
     pub log: PathBuf,
 }
 
+/// Every fake worker connects from loopback, so one address stands for a
+/// whole farm's: lift the connection caps, on a coordinator that has them
+/// (a baseline build from before them would refuse the flags).
+fn uncapped(bin: &Path) -> Vec<&'static str> {
+    let help = Command::new(bin)
+        .args(["coordinator", "--help"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    if help.contains("--max-connections-per-address") {
+        vec![
+            "--max-connections-per-address",
+            "1000000",
+            "--max-connections",
+            "1000000",
+        ]
+    } else {
+        Vec::new()
+    }
+}
+
 impl CoordinatorProcess {
     /// Starts `bin coordinator` over `data` on loopback with `/metrics`,
     /// passing `extra` arguments on, and waits up to `limit` for it to listen.
@@ -52,15 +73,10 @@ impl CoordinatorProcess {
                 listen,
                 "--http",
                 "127.0.0.1:0",
-                // Every fake worker connects from loopback: one address
-                // stands for a whole farm's.
-                "--max-connections-per-address",
-                "1000000",
-                "--max-connections",
-                "1000000",
                 "--data",
             ])
             .arg(data)
+            .args(uncapped(bin))
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
