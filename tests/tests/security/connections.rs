@@ -159,6 +159,44 @@ fn slow_loris_connections_are_closed_within_the_timeouts() {
         H2_OPEN.to_vec(),
         vec![],
     );
+    // A gRPC upload that sends one small chunk, then nothing: the body
+    // stalls, and the call fails naming --body-timeout.
+    let upload = {
+        let url = coord.url.clone();
+        let admin = admin.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let channel = tonic::transport::Endpoint::from_shared(url)
+                    .unwrap()
+                    .connect()
+                    .await
+                    .unwrap();
+                let mut blobs = pb::blobs_client::BlobsClient::new(channel);
+                let data = vec![7u8; 100_000];
+                let first = pb::BlobChunk {
+                    digest: blake3::hash(&data).to_hex().to_string(),
+                    size: data.len() as u64,
+                    data: data[..10].to_vec(),
+                };
+                let stalled = tokio_stream::StreamExt::chain(
+                    tokio_stream::iter(vec![first]),
+                    tokio_stream::pending(),
+                );
+                let start = Instant::now();
+                let r = tokio::time::timeout(
+                    Duration::from_secs(20),
+                    blobs.put_blob(super::authed(stalled, &admin)),
+                )
+                .await
+                .expect("a stalled gRPC upload was never cut off");
+                (start.elapsed(), r.map(|_| ()))
+            })
+        })
+    };
     // The normal client is served while the stalled connections are open.
     let mut rounds = 0;
     while attacks.iter().any(|(_, t)| !t.is_finished()) {
@@ -180,6 +218,13 @@ fn slow_loris_connections_are_closed_within_the_timeouts() {
                 .unwrap_or("no answer")
         );
     }
+    let (took, r) = upload.join().unwrap();
+    let e = r.expect_err("a stalled upload was accepted");
+    assert!(
+        took <= Duration::from_secs(10),
+        "cut off only after {took:?}"
+    );
+    eprintln!("gRPC, upload stalled: refused after {took:?}: {e}");
     served(&coord, &api, &admin);
 }
 
