@@ -122,7 +122,7 @@ impl Farm {
                 least.id
             ));
         }
-        if let Some(why) = self.unleasable(st, job, &usable, now) {
+        if let Some(why) = self.unleasable(st, job, &usable) {
             return Some(why);
         }
         let stalled = st
@@ -412,24 +412,19 @@ impl Farm {
 
 impl Farm {
     /// Why no available worker that could render `job` may take any of its
-    /// ready tasks, when none may and none of its tasks runs: each failed
-    /// on those workers (on their machines, or on each of them while other
-    /// workers are online). Without this, such a job waits with no reason.
-    fn unleasable(
-        &self,
-        st: &State,
-        job: &Job,
-        usable: &[&WorkerRecord],
-        now: u64,
-    ) -> Option<String> {
+    /// ready tasks, when none may and none of its tasks runs (each failed
+    /// on those workers' machines, most often). Without this, such a job
+    /// waits with no reason.
+    fn unleasable(&self, st: &State, job: &Job, usable: &[&WorkerRecord]) -> Option<String> {
         let index = st.index.get(&job.id)?;
         if index.ready.is_empty() || index.counts.leased > 0 {
             return None;
         }
-        let online = || st.workers.values().filter(|w| self.online(w, now)).count();
+        // `usable` is what the scheduler counts as the task's takers.
+        let takers = || usable.len();
         if usable
             .iter()
-            .any(|w| scheduler::first_ready(st, job.id, &w.id, &online).is_some())
+            .any(|w| scheduler::first_ready(st, job.id, &w.id, &takers).is_some())
         {
             return None;
         }
@@ -447,7 +442,7 @@ impl Farm {
             )
         } else {
             format!(
-                "waiting: its ready tasks failed on every available worker ({}), and go to another online worker first; add a worker, or retry the job",
+                "waiting: no available worker ({}) may take its ready tasks; add a worker, or retry the job",
                 ids.join(", ")
             )
         })

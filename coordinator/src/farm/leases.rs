@@ -52,7 +52,6 @@ impl Farm {
         let runtimes = record.runtimes.clone();
         let capacity = record.capacity;
         let available = |w: &WorkerRecord| self.available(st, w, now);
-        let online = || st.workers.values().filter(|w| self.online(w, now)).count();
         let Some((job_id, index)) = pick(
             st,
             &Asker {
@@ -65,7 +64,6 @@ impl Farm {
                 runtimes: &runtimes,
                 capacity,
             },
-            &online,
             self.config.block_after,
         ) else {
             return Ok(None);

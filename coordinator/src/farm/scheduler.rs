@@ -58,15 +58,17 @@ fn may_serve(
 }
 
 /// The first ready task of `job` that `worker` may take: not one that failed
-/// on its machine, nor one it failed unless every online worker has.
+/// on its machine, nor one it failed unless as many workers have failed it
+/// as `takers` counts (the available workers that could take it: counting
+/// others, which never will, would leave it waiting for ever).
 pub(super) fn first_ready(
     st: &State,
     job: JobId,
     worker: &WorkerId,
-    online: &dyn Fn() -> usize,
+    takers: &dyn Fn() -> usize,
 ) -> Option<u32> {
     let tasks = &st.tasks[&job];
-    let mut online_n = None;
+    let mut takers_n = None;
     st.index[&job].ready.iter().copied().find(|&i| {
         let t = &tasks[i as usize];
         if t.machine_failed_on.contains(worker) {
@@ -83,7 +85,7 @@ pub(super) fn first_ready(
         if !t.failed_on.contains(worker) {
             return true;
         }
-        let n = *online_n.get_or_insert_with(online);
+        let n = *takers_n.get_or_insert_with(takers);
         t.failed_on.len() >= n.max(1)
     })
 }
@@ -93,12 +95,7 @@ pub(super) fn first_ready(
 /// while fair share allows (no other job of that priority runs more than one
 /// task fewer); else the job with the fewest running tasks (fair share), then
 /// one whose scene the worker has cached, then the oldest.
-pub(super) fn pick(
-    st: &State,
-    asker: &Asker<'_>,
-    online: &dyn Fn() -> usize,
-    block_after: u32,
-) -> Option<(JobId, u32)> {
+pub(super) fn pick(st: &State, asker: &Asker<'_>, block_after: u32) -> Option<(JobId, u32)> {
     let Asker {
         worker,
         cached,
@@ -126,7 +123,13 @@ pub(super) fn pick(
         {
             continue;
         }
-        let Some(task) = first_ready(st, id, worker, online) else {
+        let takers = || {
+            st.workers
+                .values()
+                .filter(|w| available(w) && capable(job, w))
+                .count()
+        };
+        let Some(task) = first_ready(st, id, worker, &takers) else {
             continue;
         };
         group = Some(priority);

@@ -640,3 +640,38 @@ fn a_task_no_available_worker_may_take_says_why_until_a_restart() {
     assert!(l.is_some(), "the restarted worker gets the task");
     let _ = b;
 }
+
+/// Issue 21 part 8: a task that failed on the only worker able to take it
+/// goes back to that worker, however many other workers are online that
+/// cannot take it (an online worker without the job's tag).
+#[test]
+fn a_task_failed_on_the_only_capable_worker_goes_back_to_it() {
+    let f = fixture();
+    let mut s = submission(f.scene, "1", "");
+    s.scene_info = None;
+    s.tags = vec!["big-memory".into()];
+    let job = f.farm.submit(s).unwrap();
+    let a = f
+        .farm
+        .register(Registration {
+            blender_version: "Blender 3.4.1".into(),
+            name: "a".into(),
+            slots: 1,
+            tags: vec!["big-memory".into()],
+            ..Default::default()
+        })
+        .unwrap()
+        .0;
+    let _b = worker(&f.farm, "b");
+    let l = f.farm.try_lease(&a, &HashSet::new()).unwrap().unwrap();
+    let out = f
+        .farm
+        .fail(l.lease, "Blender crashed", "", FailureScope::Transient)
+        .unwrap();
+    assert_eq!(out, FailOutcome::Retry);
+    assert!(
+        f.farm.try_lease(&a, &HashSet::new()).unwrap().is_some(),
+        "the task waits for b, which cannot take it: {:?}",
+        f.farm.job(job).unwrap().waiting
+    );
+}
