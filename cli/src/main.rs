@@ -199,8 +199,9 @@ enum UsersCommand {
     Add {
         /// A short name: letters, digits, `-`, `_`, `.`.
         name: String,
-        /// user (submits and sees its own jobs), worker (joins the farm) or admin.
-        #[arg(long, default_value = "user", value_parser = ["user", "worker", "admin"])]
+        /// user (submits and sees its own jobs), worker (joins the farm),
+        /// metrics (reads /metrics, every job's series, nothing else) or admin.
+        #[arg(long, default_value = "user", value_parser = ["user", "worker", "metrics", "admin"])]
         role: String,
     },
     /// List users.

@@ -21,6 +21,9 @@ pub enum Role {
     User,
     /// Render for the farm.
     Worker,
+    /// Read `/metrics`, every job's series included (Prometheus), and
+    /// nothing else: no jobs, no blobs, no worker calls.
+    Metrics,
 }
 
 impl Role {
@@ -30,17 +33,19 @@ impl Role {
             Self::Admin => "admin",
             Self::User => "user",
             Self::Worker => "worker",
+            Self::Metrics => "metrics",
         }
     }
 
-    /// Parses `admin`, `user` or `worker`.
+    /// Parses `admin`, `user`, `worker` or `metrics`.
     pub fn parse(s: &str) -> Result<Self, Error> {
         match s {
             "admin" => Ok(Self::Admin),
             "user" => Ok(Self::User),
             "worker" => Ok(Self::Worker),
+            "metrics" => Ok(Self::Metrics),
             other => Err(Error::invalid(format!(
-                "`{other}` is not a role; use user, worker or admin"
+                "`{other}` is not a role; use user, worker, metrics or admin"
             ))),
         }
     }
@@ -80,6 +85,12 @@ impl Identity {
     /// Whether it may see and manage everything.
     pub fn is_admin(&self) -> bool {
         self.role == Role::Admin
+    }
+
+    /// Whether `/metrics` shows it every job's series (an admin, or the
+    /// `metrics` role that Prometheus scrapes with).
+    pub fn sees_all_metrics(&self) -> bool {
+        matches!(self.role, Role::Admin | Role::Metrics)
     }
 
     /// Whether it may see or change a job owned by `owner`.

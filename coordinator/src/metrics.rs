@@ -307,7 +307,10 @@ pub fn render(farm: &Farm, who: &crate::auth::Identity) -> String {
     ];
     for (name, help, value) in usage_series {
         o.family(name, "counter", help);
-        for j in jobs.iter().filter(|j| who.may_see(&j.job.owner)) {
+        for j in jobs
+            .iter()
+            .filter(|j| who.sees_all_metrics() || who.may_see(&j.job.owner))
+        {
             o.sample(name, &[("job", &j.job.id.to_string())], value(&j.usage));
         }
     }
@@ -326,9 +329,10 @@ pub fn render(farm: &Farm, who: &crate::auth::Identity) -> String {
     ];
     for (name, help, value) in job_series {
         o.family(name, "gauge", help);
-        let running = jobs
-            .iter()
-            .filter(|j| j.job.state == JobState::Running && who.may_see(&j.job.owner));
+        let running = jobs.iter().filter(|j| {
+            j.job.state == JobState::Running
+                && (who.sees_all_metrics() || who.may_see(&j.job.owner))
+        });
         for j in running {
             o.sample(
                 name,

@@ -208,6 +208,7 @@ impl Farm {
         let allowed = match who.role {
             Role::Admin => true,
             Role::Worker => Self::leases_reference(&mut st, who, d),
+            Role::Metrics => false,
             Role::User => {
                 Self::possesses(&st, who, d) || {
                     Self::refresh_referenced(&mut st, &who.name);

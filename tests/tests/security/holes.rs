@@ -189,8 +189,9 @@ pub fn hashes_and_tokens(url: &str, scene: &Path, alice: &str, dir: &Path) -> us
     3
 }
 
-/// `/metrics` shows per-job series to an admin and to the job's owner only;
-/// everyone sees the farm's totals. Returns the number of cases.
+/// `/metrics` shows per-job series to an admin, to the `metrics` role and
+/// to the job's owner only; everyone sees the farm's totals. The `metrics`
+/// role reads nothing else. Returns the number of cases.
 pub fn metrics_per_user(coord: &Coordinator, job: u64, alice: &str, bob: &str) -> usize {
     let url = coord.metrics.clone().expect("started with --http");
     let series = format!("tessera_job_cost_total{{job=\"{job}\"}}");
@@ -211,7 +212,29 @@ pub fn metrics_per_user(coord: &Coordinator, job: u64, alice: &str, bob: &str) -
         theirs.contains("tessera_tasks{state=\"done\"}"),
         "bob sees totals: {theirs}"
     );
-    3
+    let added = cli_as(
+        &coord.url,
+        Some(&coord.admin_token()),
+        &["users", "add", "prometheus", "--role", "metrics"],
+    );
+    assert!(
+        added.status.success(),
+        "{}",
+        String::from_utf8_lossy(&added.stderr)
+    );
+    let prometheus = String::from_utf8_lossy(&added.stdout).trim().to_string();
+    assert!(
+        page(&prometheus).contains(&series),
+        "the metrics role sees every job's series"
+    );
+    let (status, body) = http_get_as(&url.replace("/metrics", "/api/v1/jobs"), Some(&prometheus));
+    assert!(
+        status.contains("403"),
+        "the metrics role reads no jobs: {status} {body}"
+    );
+    let listed = cli_as(&coord.url, Some(&prometheus), &["jobs"]);
+    assert!(!listed.status.success(), "nor over gRPC");
+    5
 }
 
 /// A job whose client leaves out the scene's size (no `scene_info`) is
