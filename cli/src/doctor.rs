@@ -244,7 +244,8 @@ async fn gpus(r: &mut Report) {
     // context (no NVML on a machine without NVIDIA cards is fine), except
     // a missing NVML beside an NVIDIA card: no telemetry, no OptiX check.
     for note in probe.notes() {
-        let matters = probe.gpus().is_empty() || (probe.is_nvidia() && note.contains("NVML"));
+        let matters = probe.gpus().is_empty()
+            || (probe.gpus().iter().any(|g| g.is_nvidia()) && note.contains("NVML"));
         r.line(if matters { Level::Warn } else { Level::Ok }, "gpu", note);
     }
 }
