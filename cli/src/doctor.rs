@@ -298,7 +298,7 @@ fn free_bytes(path: &Path) -> std::io::Result<u64> {
     if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(s.f_bavail as u64 * s.f_frsize as u64)
+    Ok(s.f_bavail.saturating_mul(s.f_frsize))
 }
 
 /// The open-file limit this process (and so a worker started the same way) has.
@@ -320,7 +320,7 @@ fn files(r: &mut Report) {
         );
         return;
     }
-    let soft = lim.rlim_cur as u64;
+    let soft: u64 = lim.rlim_cur;
     if soft < FEW_FILES {
         r.line(Level::Warn, "files", format!("only {soft} open files allowed (ulimit -n); raise it to at least {FEW_FILES}: LimitNOFILE=65536 in the systemd unit, or `ulimit -n 65536`"));
     } else {
