@@ -9,7 +9,9 @@ use crate::client::{self, Client};
 use crate::fileset;
 pub use crate::serve::render_mode;
 use crate::serve::{coordinator, worker};
-use crate::{show, BlenderCommand, Cli, Command, JobArgs, SubmitArgs, UsersCommand};
+use crate::{
+    show, BlenderCommand, Cli, Command, DoctorArgs, DoctorSide, JobArgs, SubmitArgs, UsersCommand,
+};
 use tessera_worker::agent::Access;
 
 /// Where the CLI looks for a token when neither --token nor $TESSERA_TOKEN is set.
@@ -351,6 +353,7 @@ pub async fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Render(args) => crate::local::render(args).await,
+        Command::Doctor(args) => doctor(url, args).await,
     }
 }
 
@@ -620,4 +623,29 @@ async fn submit(url: &Access, args: SubmitArgs) -> Result<()> {
 /// Gives a background task a moment to finish after its shutdown signal.
 pub async fn settle<T>(handle: tokio::task::JoinHandle<T>) {
     let _ = tokio::time::timeout(Duration::from_secs(5), handle).await;
+}
+
+/// `tessera doctor` and `tessera doctor coordinator`.
+async fn doctor(mut url: Access, args: DoctorArgs) -> Result<()> {
+    use crate::doctor;
+    if let Some(DoctorSide::Coordinator(c)) = &args.side {
+        return doctor::coordinator(doctor::CoordinatorChecks {
+            data: &c.data,
+            store: c.store.as_deref(),
+            blobs: c.blobs.as_deref(),
+            ffmpeg: &c.ffmpeg,
+            tls_cert: c.tls_cert.as_deref(),
+        })
+        .await;
+    }
+    if let Some(path) = &args.token_file {
+        url.token = Some(crate::serve::read_token_file(path)?);
+    }
+    doctor::worker(doctor::WorkerChecks {
+        access: &url,
+        cache: &args.cache,
+        blender: &args.blender,
+        runtimes: args.runtimes.clone(),
+    })
+    .await
 }

@@ -7,6 +7,7 @@ mod bundle;
 mod client;
 mod commands;
 mod config;
+mod doctor;
 mod fileset;
 mod ha;
 mod local;
@@ -176,6 +177,58 @@ enum Command {
     /// Config files of the coordinator and the worker.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Check this worker machine (the coordinator, token, TLS and clock,
+    /// each Blender, GPUs, disk, open files), or with `doctor coordinator` a
+    /// coordinator's; one line per check with its fix; fails if any check does.
+    Doctor(DoctorArgs),
+}
+
+/// `tessera doctor`: a worker machine's options, as the worker takes them.
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+struct DoctorArgs {
+    #[command(subcommand)]
+    side: Option<DoctorSide>,
+    /// The worker's scene cache directory (its free space is checked).
+    #[arg(long, default_value = "tessera-cache")]
+    cache: PathBuf,
+    /// A Blender the worker renders with (repeatable), as `worker --blender`.
+    #[arg(long, env = "TESSERA_BLENDER", default_value = "blender")]
+    blender: Vec<String>,
+    /// Where `--blender 4.5` finds `bpy` runtimes (default: $TESSERA_RUNTIMES, else CACHE/runtimes).
+    #[arg(long)]
+    runtimes: Option<PathBuf>,
+    /// Read the worker token from this file (`-`: standard input).
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+}
+
+/// `tessera doctor coordinator`.
+#[derive(Subcommand, Debug)]
+enum DoctorSide {
+    /// Check a coordinator machine: the data directory, the store (and with
+    /// PostgreSQL an active coordinator), the blobs, ffmpeg, TLS expiry.
+    Coordinator(DoctorCoordinatorArgs),
+}
+
+/// The coordinator's options that `doctor coordinator` checks, as the coordinator takes them.
+#[derive(Args, Debug)]
+struct DoctorCoordinatorArgs {
+    /// Data directory (metadata and blobs).
+    #[arg(long, default_value = "tessera-data")]
+    data: PathBuf,
+    /// `sled` (the default) or `postgres://USER@HOST:PORT/DATABASE`.
+    #[arg(long, env = "TESSERA_STORE", hide_env_values = true)]
+    store: Option<String>,
+    /// A directory or s3://bucket/prefix (default: DATA/blobs).
+    #[arg(long, env = "TESSERA_BLOBS")]
+    blobs: Option<String>,
+    /// The ffmpeg that makes preview videos.
+    #[arg(long, env = "TESSERA_FFMPEG", default_value = "ffmpeg")]
+    ffmpeg: PathBuf,
+    /// TLS certificate chain (PEM) of the gRPC port; its expiry is checked.
+    #[arg(long)]
+    tls_cert: Option<PathBuf>,
 }
 
 /// `tessera config ...`.

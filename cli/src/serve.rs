@@ -220,7 +220,7 @@ pub fn announce(
 }
 
 /// Reads a worker token from `path` (`-`: standard input).
-fn read_token_file(path: &std::path::Path) -> Result<String> {
+pub fn read_token_file(path: &std::path::Path) -> Result<String> {
     let text = if path == std::path::Path::new("-") {
         let mut s = String::new();
         std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)

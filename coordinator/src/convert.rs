@@ -515,6 +515,7 @@ impl From<pb::Gpu> for Gpu {
                     0.0
                 },
                 ecc_errors: t.ecc_errors,
+                ecc_uncorrected: t.ecc_uncorrected,
             }),
         }
     }
@@ -535,6 +536,7 @@ impl From<&Gpu> for pb::Gpu {
                 temperature_c: t.temperature_c,
                 power_w: t.power_w,
                 ecc_errors: t.ecc_errors,
+                ecc_uncorrected: t.ecc_uncorrected,
             }),
         }
     }

@@ -57,6 +57,8 @@ pub struct Telemetry {
     pub power_w: f64,
     /// Volatile ECC errors since the driver loaded.
     pub ecc_errors: u64,
+    /// Of `ecc_errors`, the uncorrected ones.
+    pub ecc_uncorrected: u64,
 }
 
 /// One GPU of a worker.

@@ -343,7 +343,7 @@ pub fn render(farm: &Farm, who: &crate::auth::Identity) -> String {
     }
 
     type GpuValue = fn(&crate::hardware::Gpu) -> Option<f64>;
-    let gpu_series: [(&str, &str, &str, GpuValue); 6] = [
+    let gpu_series: [(&str, &str, &str, GpuValue); 7] = [
         (
             "tessera_gpu_utilization_ratio",
             "gauge",
@@ -376,6 +376,12 @@ pub fn render(farm: &Farm, who: &crate::auth::Identity) -> String {
             "gauge",
             "Volatile ECC errors since the driver loaded.",
             |g| g.telemetry.map(|t| t.ecc_errors as f64),
+        ),
+        (
+            "tessera_gpu_ecc_uncorrected_errors",
+            "gauge",
+            "Uncorrected volatile ECC errors since the driver loaded (any is corrupted data).",
+            |g| g.telemetry.map(|t| t.ecc_uncorrected as f64),
         ),
     ];
     for (name, kind, help, value) in gpu_series {

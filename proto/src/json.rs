@@ -189,6 +189,7 @@ pub fn worker(w: &pb::WorkerView) -> Value {
                 "temperature_c": t.temperature_c,
                 "power_w": t.power_w,
                 "ecc_errors": t.ecc_errors,
+                "ecc_uncorrected": t.ecc_uncorrected,
             })),
         })).collect::<Vec<_>>(),
     })

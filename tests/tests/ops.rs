@@ -472,7 +472,7 @@ fn dashboard_and_alerts_query_metrics_the_coordinator_exports() {
         }
     }
     let alerts = alert_queries();
-    assert_eq!(alerts.len(), 9, "one rule per threshold: {alerts:?}");
+    assert_eq!(alerts.len(), 10, "one rule per threshold: {alerts:?}");
     for expr in &alerts {
         for name in metric_names(expr) {
             assert!(
@@ -540,7 +540,7 @@ fn prometheus_scrapes_the_farm_with_a_token() {
     let telemetry = dir.path().join("telemetry.json");
     std::fs::write(
         &telemetry,
-        r#"[{"utilization_pct": 55, "memory_used_bytes": 1000000000, "temperature_c": 71, "power_w": 180.5, "ecc_errors": 2}]"#,
+        r#"[{"utilization_pct": 55, "memory_used_bytes": 1000000000, "temperature_c": 71, "power_w": 180.5, "ecc_errors": 2, "ecc_uncorrected": 1}]"#,
     )
     .unwrap();
     let _worker = worker_with(
@@ -614,6 +614,11 @@ fn prometheus_scrapes_the_farm_with_a_token() {
     let series = &r["data"]["result"][0];
     assert_eq!(series["metric"]["name"], "RTX A6000", "{r}");
     assert_eq!(series["value"][1], "71", "{r}");
+    // Uncorrected ECC errors travel apart from the sum, for their alert.
+    let r = query("tessera_gpu_ecc_uncorrected_errors");
+    assert_eq!(r["data"]["result"][0]["value"][1], "1", "{r}");
+    let r = query("tessera_gpu_ecc_errors");
+    assert_eq!(r["data"]["result"][0]["value"][1], "2", "{r}");
     let up = query("up");
     assert_eq!(
         up["data"]["result"][0]["value"][1], "1",
@@ -643,7 +648,7 @@ fn prometheus_scrapes_the_farm_with_a_token() {
         .iter()
         .flat_map(|g| g["rules"].as_array().unwrap())
         .collect();
-    assert_eq!(all.len(), 9, "{rules}");
+    assert_eq!(all.len(), 10, "{rules}");
     let healthy = eventually(Duration::from_secs(20), || {
         let v: serde_json::Value =
             serde_json::from_str(&get_body(&format!("{api}/rules"))).unwrap_or_default();

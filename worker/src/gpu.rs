@@ -59,6 +59,8 @@ pub struct Telemetry {
     pub power_w: f64,
     /// Volatile ECC errors, corrected + uncorrected; 0 where ECC is unsupported.
     pub ecc_errors: u64,
+    /// Of `ecc_errors`, the uncorrected ones (data corrupted).
+    pub ecc_uncorrected: u64,
 }
 
 /// The machine's GPUs, probed once; NVML kept open for telemetry.
@@ -179,6 +181,9 @@ fn read_telemetry(device: &nvml_wrapper::Device<'_>) -> Telemetry {
             .into_iter()
             .filter_map(|kind| device.total_ecc_errors(kind, EccCounter::Volatile).ok())
             .sum(),
+        ecc_uncorrected: device
+            .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+            .unwrap_or(0),
     }
 }
 

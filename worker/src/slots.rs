@@ -188,6 +188,7 @@ pub fn read_declared_telemetry(path: &std::path::Path) -> Vec<Option<Telemetry>>
                 temperature_c: n("temperature_c").min(1000) as u32,
                 power_w: v["power_w"].as_f64().unwrap_or(0.0),
                 ecc_errors: n("ecc_errors"),
+                ecc_uncorrected: n("ecc_uncorrected"),
             })
         })
         .collect()

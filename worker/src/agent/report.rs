@@ -36,6 +36,7 @@ pub(super) fn gpu_messages(
                     temperature_c: t.temperature_c,
                     power_w: t.power_w,
                     ecc_errors: t.ecc_errors,
+                    ecc_uncorrected: t.ecc_uncorrected,
                 }),
         })
         .collect()
