@@ -76,7 +76,7 @@ pub use autoscale::DesiredSlots;
 pub use pipeline::JobUpdate;
 pub use previews::PreviewWork;
 pub use results::PendingResult;
-pub use stats::{Stats, COMMIT_BUCKETS, DURATION_BUCKETS};
+pub use stats::{Latency, Stats, DURATION_BUCKETS, LATENCY_BUCKETS};
 pub use txn::Ticket;
 pub use views::{FrameTiles, JobSnapshot, Page, TaskCounts};
 

@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use crate::farm::{Farm, COMMIT_BUCKETS, DURATION_BUCKETS};
+use crate::farm::{Farm, Latency, DURATION_BUCKETS, LATENCY_BUCKETS};
 use crate::job::JobState;
 
 /// Escapes a label value.
@@ -32,6 +32,21 @@ impl Out {
             let _ = write!(self.0, "{{{}}}", parts.join(","));
         }
         let _ = writeln!(self.0, " {value}");
+    }
+
+    /// A histogram family over [`LATENCY_BUCKETS`].
+    fn latency(&mut self, name: &str, help: &str, h: &Latency) {
+        self.family(name, "histogram", help);
+        let bucket = format!("{name}_bucket");
+        let mut cumulative = 0;
+        for (bound, n) in LATENCY_BUCKETS.iter().zip(h.buckets) {
+            cumulative += n;
+            self.sample(&bucket, &[("le", &bound.to_string())], cumulative as f64);
+        }
+        let count = h.count() as f64;
+        self.sample(&bucket, &[("le", "+Inf")], count);
+        self.sample(&format!("{name}_sum"), &[], h.seconds);
+        self.sample(&format!("{name}_count"), &[], count);
     }
 }
 
@@ -128,34 +143,15 @@ pub fn render(farm: &Farm, who: &crate::auth::Identity) -> String {
         "Store transactions written since start (one flush and fsync each).",
     );
     o.sample("tessera_store_commits_total", &[], stats.commits as f64);
-    o.family(
+    o.latency(
         "tessera_store_commit_seconds",
-        "histogram",
         "Time one store transaction took to write and flush (the durable write every acknowledged change waits for).",
+        &stats.commit_latency,
     );
-    let mut cumulative = 0;
-    for (bound, n) in COMMIT_BUCKETS.iter().zip(stats.commit_buckets) {
-        cumulative += n;
-        o.sample(
-            "tessera_store_commit_seconds_bucket",
-            &[("le", &bound.to_string())],
-            cumulative as f64,
-        );
-    }
-    o.sample(
-        "tessera_store_commit_seconds_bucket",
-        &[("le", "+Inf")],
-        (cumulative + stats.commit_slowest) as f64,
-    );
-    o.sample(
-        "tessera_store_commit_seconds_sum",
-        &[],
-        stats.commit_seconds,
-    );
-    o.sample(
-        "tessera_store_commit_seconds_count",
-        &[],
-        (cumulative + stats.commit_slowest) as f64,
+    o.latency(
+        "tessera_lease_seconds",
+        "Time to serve a granted lease once a task was ready for the slot: the lock, the pick and the durable write of the lease (a parked call's idle wait for work is not counted).",
+        &stats.lease_latency,
     );
     o.family(
         "tessera_store_changes_total",

@@ -12,6 +12,7 @@
 //! * [`postgres`]: a real PostgreSQL server in a temporary directory.
 
 pub mod browser;
+pub mod chaos;
 pub mod fake_coordinator;
 pub mod http;
 pub mod load;

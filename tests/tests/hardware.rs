@@ -312,6 +312,13 @@ fn a_hot_gpu_drains_its_worker_until_it_cools_and_metrics_show_it() {
     }
     assert_eq!(samples["tessera_frames_rendered_total"], 2.0);
     assert_eq!(samples["tessera_task_duration_seconds_count"], 2.0);
+    // Every granted lease is timed, from the try that found its task to the
+    // lease being stored.
+    assert_eq!(
+        samples["tessera_lease_seconds_count"], samples["tessera_leases_granted_total"],
+        "each granted lease is timed:\n{body}"
+    );
+    assert!(samples["tessera_lease_seconds_sum"] > 0.0);
 }
 
 #[test]

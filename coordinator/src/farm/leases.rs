@@ -21,10 +21,12 @@ impl Farm {
         warm: Option<JobId>,
         slot: u32,
     ) -> Result<Option<Assignment>, Error> {
+        let started = std::time::Instant::now();
         let leased = self.lease_locked(&mut self.lock(), worker, cached, warm, slot)?;
         match leased {
             Some((a, ticket)) => {
                 ticket.wait()?;
+                self.lease_served(started);
                 Ok(Some(a))
             }
             None => Ok(None),
@@ -118,6 +120,9 @@ impl Farm {
         let deadline = tokio::time::Instant::now() + wait;
         let notify = Arc::new(Notify::new());
         loop {
+            // Timed from here: the first try, or the try after a wake-up
+            // for a ready task, so a parked call's idle wait is not counted.
+            let started = std::time::Instant::now();
             let (leased, ended, key) = {
                 let mut st = self.lock();
                 let ended: Vec<JobId> = warm
@@ -145,6 +150,7 @@ impl Farm {
             };
             if let Some((assignment, ticket)) = leased {
                 ticket.stored().await?;
+                self.lease_served(started);
                 return Ok(LeaseOutcome {
                     task: Some(assignment),
                     ended,
@@ -164,6 +170,12 @@ impl Farm {
                 });
             }
         }
+    }
+
+    /// Counts a granted lease that took from `started` until it was stored.
+    fn lease_served(&self, started: std::time::Instant) {
+        let took = started.elapsed().as_secs_f64();
+        self.count_stat(|s| s.lease_latency.observe(took));
     }
 
     /// Copies of the task named by `lease` and of its job, for a change to

@@ -5,11 +5,39 @@ pub const DURATION_BUCKETS: [f64; 12] = [
     0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
 ];
 
-/// Upper bounds of the store-commit latency histogram, in seconds: an
-/// fsync here takes about 0.2 ms, a slow disk or a loaded database 100 ms.
-pub const COMMIT_BUCKETS: [f64; 11] = [
+/// Upper bounds of the latency histograms (store commits, lease grants), in
+/// seconds: an fsync here takes about 0.2 ms, a slow disk or a loaded
+/// database 100 ms.
+pub const LATENCY_BUCKETS: [f64; 11] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
+
+/// A latency histogram over [`LATENCY_BUCKETS`].
+#[derive(Debug, Clone, Default)]
+pub struct Latency {
+    /// Observations per bucket (not cumulative).
+    pub buckets: [u64; LATENCY_BUCKETS.len()],
+    /// Observations slower than the last bucket.
+    pub slowest: u64,
+    /// Sum of the observations, seconds.
+    pub seconds: f64,
+}
+
+impl Latency {
+    /// Counts one observation of `seconds`.
+    pub fn observe(&mut self, seconds: f64) {
+        self.seconds += seconds;
+        match LATENCY_BUCKETS.iter().position(|b| seconds <= *b) {
+            Some(i) => self.buckets[i] += 1,
+            None => self.slowest += 1,
+        }
+    }
+
+    /// Observations in all.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum::<u64>() + self.slowest
+    }
+}
 
 /// Counters kept since the coordinator started (for metrics).
 #[derive(Debug, Clone, Default)]
@@ -28,12 +56,12 @@ pub struct Stats {
     pub attempts_failed: u64,
     /// Store transactions written (each one flush).
     pub commits: u64,
-    /// Commits per latency bucket (not cumulative), from `COMMIT_BUCKETS`.
-    pub commit_buckets: [u64; COMMIT_BUCKETS.len()],
-    /// Commits slower than the last bucket.
-    pub commit_slowest: u64,
-    /// Sum of commit latencies, seconds.
-    pub commit_seconds: f64,
+    /// How long each commit took.
+    pub commit_latency: Latency,
+    /// How long each granted lease took to serve once a task was ready for
+    /// its slot: the lock, the pick and the durable write of the lease (a
+    /// parked call's idle wait for work is not counted).
+    pub lease_latency: Latency,
     /// Changes those transactions held (group commit puts several in one).
     pub committed_changes: u64,
     /// Leases handed back by preempted workers (no attempt charged).
@@ -48,11 +76,7 @@ impl Stats {
     /// Counts one store commit that took `seconds`.
     pub fn commit_took(&mut self, seconds: f64) {
         self.commits += 1;
-        self.commit_seconds += seconds;
-        match COMMIT_BUCKETS.iter().position(|b| seconds <= *b) {
-            Some(i) => self.commit_buckets[i] += 1,
-            None => self.commit_slowest += 1,
-        }
+        self.commit_latency.observe(seconds);
     }
 }
 
@@ -67,9 +91,11 @@ mod tests {
         s.commit_took(0.2);
         s.commit_took(9.0);
         assert_eq!(s.commits, 3);
-        assert_eq!(s.commit_buckets[0], 1);
-        assert_eq!(s.commit_buckets[7], 1, "0.2 s is in the 0.25 s bucket");
-        assert_eq!(s.commit_slowest, 1);
-        assert!((s.commit_seconds - 9.2002).abs() < 1e-9);
+        let c = &s.commit_latency;
+        assert_eq!(c.buckets[0], 1);
+        assert_eq!(c.buckets[7], 1, "0.2 s is in the 0.25 s bucket");
+        assert_eq!(c.slowest, 1);
+        assert_eq!(c.count(), 3);
+        assert!((c.seconds - 9.2002).abs() < 1e-9);
     }
 }
