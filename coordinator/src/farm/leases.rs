@@ -118,6 +118,11 @@ impl Farm {
         let deadline = tokio::time::Instant::now() + wait;
         let notify = Arc::new(Notify::new());
         loop {
+            if let Some(why) = self.stopped() {
+                return Err(Error::NotActive(format!(
+                    "this coordinator stepped down: {why}; use the active coordinator"
+                )));
+            }
             let (leased, ended, key) = {
                 let mut st = self.lock();
                 let ended: Vec<JobId> = warm
