@@ -419,7 +419,7 @@ impl Election {
         }
         term.lease.revoke();
         format!(
-            "PostgreSQL did not confirm this coordinator's leadership within {:.1} s ({})",
+            "PostgreSQL did not confirm this coordinator's leadership within {:.1} s, or its state could not be read back ({})",
             (t.failover - t.guard).as_secs_f64(),
             self.health.line()
         )

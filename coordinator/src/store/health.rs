@@ -40,8 +40,10 @@ impl StoreHealth {
         }
     }
 
-    /// The store did not answer (or not in time): `error` says how.
+    /// The store did not answer (or not in time): `error` says how (its
+    /// advice, after the first `; `, is left out: the status line gives it).
     pub fn failed(&self, error: &str) {
+        let error = error.split("; ").next().unwrap_or(error);
         let mut outage = self.outage.lock().unwrap_or_else(|e| e.into_inner());
         match outage.as_mut() {
             Some(o) => o.error = error.to_string(),

@@ -113,7 +113,7 @@ pub(crate) fn pg_error(what: &str, e: tokio_postgres::Error) -> Error {
     };
     if unreachable(&e) {
         Error::StoreUnavailable(format!(
-            "{what}: PostgreSQL did not answer ({words}); nothing was stored; {CHECK_SERVER}"
+            "{what}: PostgreSQL did not answer ({words}); {CHECK_SERVER}"
         ))
     } else {
         Error::Store(format!("{what}: {words}"))
@@ -276,7 +276,7 @@ impl PgStore {
                 match tokio::time::timeout(deadline, fut).await {
                     Ok(r) => r,
                     Err(_) => Err(Error::StoreUnavailable(format!(
-                        "cannot {what}: {} did not answer within {}; nothing was stored; {CHECK_SERVER}",
+                        "cannot {what}: {} did not answer within {}; {CHECK_SERVER}",
                         shared.health_name(),
                         seconds(deadline)
                     ))),
@@ -734,7 +734,7 @@ impl MetaStore for PgStore {
         let pool = self.shared.pool.clone();
         let target = self.shared.target.clone();
         let deadline = LOAD_DEADLINE.max(self.shared.deadline);
-        self.run("read the state", deadline, async move {
+        let loaded = self.run("read the state", deadline, async move {
             let mut client = Conn::get(&pool, &target).await?;
             // Every table read in one consistent snapshot.
             let tx = client
@@ -757,7 +757,17 @@ impl MetaStore for PgStore {
                 .map_err(|e| pg_error("cannot end a read", e))?;
             client.keep();
             Ok(snap)
-        })
+        });
+        if let (Err(e), Some(lease)) = (&loaded, &self.lease) {
+            // A coordinator that cannot read its state back (after a failed
+            // write, or at a takeover) cannot trust what it holds in memory:
+            // it steps down, and reads everything again when it next takes over.
+            if lease.valid() {
+                tracing::error!("cannot read the state back from PostgreSQL; stepping down: {e}");
+            }
+            lease.revoke();
+        }
+        loaded
     }
 
     fn write(&self, records: &[Record<'_>]) -> Result<(), Error> {
