@@ -442,7 +442,9 @@ impl Election {
             })
             .await;
         if let Err(e) = r {
-            tracing::warn!("cannot give the leadership up (a standby takes over when it expires): {e}");
+            tracing::warn!(
+                "cannot give the leadership up (a standby takes over when it expires): {e}"
+            );
         }
     }
 

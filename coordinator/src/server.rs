@@ -174,8 +174,7 @@ impl Coordinator {
                 let stopped = async move {
                     let _ = http_stopped.await;
                 };
-                if let Err(e) = crate::http::serve(farm, l, http_tls, gate, active, stopped).await
-                {
+                if let Err(e) = crate::http::serve(farm, l, http_tls, gate, active, stopped).await {
                     tracing::error!("HTTP server stopped: {e}");
                 }
             })

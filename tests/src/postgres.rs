@@ -257,7 +257,11 @@ impl PgServer {
             .output()
             .map_err(|e| format!("cannot run pg_ctl: {e}"))?;
         if !out.status.success() {
-            return Err(format!("pg_ctl start failed: {}\n{}", show(&out), self.log()));
+            return Err(format!(
+                "pg_ctl start failed: {}\n{}",
+                show(&out),
+                self.log()
+            ));
         }
         Ok(())
     }

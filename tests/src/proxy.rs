@@ -26,10 +26,7 @@ impl Switch {
     fn wait_open(&self) {
         let mut silent = self.silent.lock().unwrap_or_else(|e| e.into_inner());
         while *silent {
-            silent = self
-                .changed
-                .wait(silent)
-                .unwrap_or_else(|e| e.into_inner());
+            silent = self.changed.wait(silent).unwrap_or_else(|e| e.into_inner());
         }
     }
 }
@@ -104,21 +101,13 @@ impl SilentProxy {
 
     /// Stops forwarding in both directions; every connection stays open.
     pub fn black_hole(&self) {
-        *self
-            .switch
-            .silent
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = true;
+        *self.switch.silent.lock().unwrap_or_else(|e| e.into_inner()) = true;
         self.switch.changed.notify_all();
     }
 
     /// Forwards again, delivering what was held back.
     pub fn restore(&self) {
-        *self
-            .switch
-            .silent
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = false;
+        *self.switch.silent.lock().unwrap_or_else(|e| e.into_inner()) = false;
         self.switch.changed.notify_all();
     }
 }

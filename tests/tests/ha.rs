@@ -299,24 +299,26 @@ async fn role(url: &str, token: &str) -> &'static str {
         .unwrap_or("unreachable")
 }
 
-/// Polls both coordinators' roles side by side every 50 ms until `stop`;
-/// returns (time since start, A's role, B's role) per look.
+/// One look at both coordinators: when, A's role, B's role.
+type Look = (Instant, &'static str, &'static str);
+
+/// Polls both coordinators' roles side by side every 50 ms until `stop`.
 fn poll_roles(
     a: String,
     b: String,
     token: String,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> std::thread::JoinHandle<Vec<(Duration, &'static str, &'static str)>> {
+) -> std::thread::JoinHandle<Vec<Look>> {
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
-        let start = Instant::now();
         let mut looks = Vec::new();
         while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            let at = Instant::now();
             let (ra, rb) = rt.block_on(async { tokio::join!(role(&a, &token), role(&b, &token)) });
-            looks.push((start.elapsed(), ra, rb));
+            looks.push((at, ra, rb));
             std::thread::sleep(Duration::from_millis(50));
         }
         looks
@@ -385,7 +387,10 @@ impl Pair {
                 .filter(|(lease, _)| lease.starts_with(&prefix))
                 .map(|(_, n)| n)
                 .sum();
-            assert_eq!(done, 1, "task {index} was completed {done} times: {counts:?}");
+            assert_eq!(
+                done, 1,
+                "task {index} was completed {done} times: {counts:?}"
+            );
         }
     }
 }
@@ -443,51 +448,66 @@ fn a_silent_cut_between_the_active_and_postgres_hands_over_without_two_actives()
             && roles.contains("unreachable since"),
         "{roles}"
     );
-    assert!(roles.contains(&format!("{}  active", pair.b.url)), "{roles}");
+    assert!(
+        roles.contains(&format!("{}  active", pair.b.url)),
+        "{roles}"
+    );
     // A few more looks with B active and A cut off.
     std::thread::sleep(Duration::from_secs(1));
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let looks = poller.join().unwrap();
-    let cut_at = looks
+    let since_cut = |t: Instant| t.saturating_duration_since(cut).as_secs_f64();
+    let shown: Vec<_> = looks
+        .iter()
+        .map(|(t, a, b)| format!("{:+.2}s A {a} B {b}", since_cut(*t)))
+        .collect();
+    let both_active: Vec<_> = looks
+        .iter()
+        .filter(|(_, a, b)| *a == "active" && *b == "active")
+        .collect();
+    assert!(both_active.is_empty(), "two actives: {shown:?}");
+    let a_last = looks
         .iter()
         .rev()
         .find(|(_, a, _)| *a == "active")
         .map(|l| l.0)
         .expect("A was seen active");
-    let both_active: Vec<_> = looks
-        .iter()
-        .filter(|(_, a, b)| *a == "active" && *b == "active")
-        .collect();
-    assert!(both_active.is_empty(), "two actives: {both_active:?}");
+    assert!(
+        looks
+            .iter()
+            .any(|l| l.0 < cut && l.1 == "active" && l.2 == "standby"),
+        "A active and B standby before the cut: {shown:?}"
+    );
     let b_first = looks
         .iter()
         .find(|(_, _, b)| *b == "active")
         .map(|l| l.0)
-        .unwrap_or_else(|| panic!("B never answered as active: {looks:?}"));
+        .unwrap_or_else(|| panic!("B never answered as active: {shown:?}"));
     assert!(
-        cut_at < b_first,
-        "A answered as active after B did: {looks:?}"
+        a_last < b_first,
+        "A answered as active after B did: {shown:?}"
     );
-    let a_stopped = looks
-        .iter()
-        .find(|(t, a, _)| *t > cut_at && *a != "active")
-        .map(|l| l.0)
-        .unwrap();
     eprintln!(
-        "silent cut: A last answered as active {:.2} s before B first did; B took over {:.2} s after the cut",
-        (b_first - cut_at).as_secs_f64(),
+        "silent cut: A last answered as active {:.2} s after the cut, B first {:.2} s after it (its takeover line {:.2} s)",
+        since_cut(a_last),
+        since_cut(b_first),
         takeover.as_secs_f64()
     );
+    // The bounds (module doc of coordinator::ha) with F = 3 s: A stops by
+    // F - F/6 = 2.5 s after the cut; B takes over by F + poll + deadlines
+    // (3 + 0.75 + 2 x 1 s), then loads the state. Slack for a busy machine.
     assert!(
-        b_first - a_stopped < Duration::from_secs(10),
-        "{looks:?}"
+        since_cut(a_last) < 4.0,
+        "A answered as active too long after the cut: {shown:?}"
     );
     assert!(
         takeover <= Duration::from_secs(10),
-        "B took over {takeover:?} after the cut (bound: --failover-seconds 3 + poll + deadlines, plus loading)"
+        "B took over {takeover:?} after the cut"
     );
     assert!(
-        pair.a.wait_line("stepped down", Duration::from_secs(5)).is_some(),
+        pair.a
+            .wait_line("stepped down", Duration::from_secs(5))
+            .is_some(),
         "{:?}",
         pair.a.lines()
     );
@@ -506,7 +526,10 @@ fn a_silent_cut_between_the_active_and_postgres_hands_over_without_two_actives()
         eventually(Duration::from_secs(15), || {
             let out = cli(&pair.both, &["coordinator", "--status"]);
             let text = String::from_utf8_lossy(&out.stdout).to_string();
-            text.contains(&format!("{}  standby (this coordinator is standby; the active one is {b_url}", pair.a.url))
+            text.contains(&format!(
+                "{}  standby (this coordinator is standby; the active one is {b_url}",
+                pair.a.url
+            ))
         }),
         "{}",
         String::from_utf8_lossy(&cli(&pair.both, &["coordinator", "--status"]).stdout)
@@ -544,7 +567,10 @@ fn postgres_restarting_mid_job_fast_or_immediate_stops_neither_coordinator() {
             "refused only after {:?}",
             down.elapsed()
         );
-        eprintln!("\n-m {mode}: the active one refused a write: {}", err.trim());
+        eprintln!(
+            "\n-m {mode}: the active one refused a write: {}",
+            err.trim()
+        );
         // Both say what is down.
         for c in [&pair.a, &pair.b] {
             assert!(

@@ -224,7 +224,9 @@ fn a_store_call_on_a_silent_network_fails_within_its_deadline_with_a_clear_error
     let url = format!("postgres://tessera@127.0.0.1:{}/tessera", proxy.port());
     let deadline = Duration::from_secs(1);
     let store = PgStore::open_as(&url, "tessera test", deadline).unwrap();
-    let health = store.health().expect("a PostgreSQL store reports its health");
+    let health = store
+        .health()
+        .expect("a PostgreSQL store reports its health");
     store.write(&[Record::Job(&suite::job(1))]).unwrap();
     assert!(health.up());
 
@@ -238,7 +240,10 @@ fn a_store_call_on_a_silent_network_fails_within_its_deadline_with_a_clear_error
         msg.contains("PostgreSQL at 127.0.0.1") && msg.contains("did not answer within 1 s"),
         "{msg}"
     );
-    assert!(msg.contains("check that the PostgreSQL server runs"), "{msg}");
+    assert!(
+        msg.contains("check that the PostgreSQL server runs"),
+        "{msg}"
+    );
     assert!(took < Duration::from_secs(5), "the deadline held: {took:?}");
     assert!(!health.up());
     assert!(
@@ -283,9 +288,15 @@ fn a_silent_active_lapses_before_the_standby_takes_over_and_is_fenced() {
     let failover = Duration::from_secs(2);
     block_on(async {
         let a_store = PgStore::open_as(&via_proxy, "tessera a", failover).unwrap();
-        let a = Election::connect(&via_proxy, "a", "http://a", failover, a_store.health_handle())
-            .await
-            .unwrap();
+        let a = Election::connect(
+            &via_proxy,
+            "a",
+            "http://a",
+            failover,
+            a_store.health_handle(),
+        )
+        .await
+        .unwrap();
         let b = Election::connect(
             &pg.url(),
             "b",
@@ -327,9 +338,13 @@ fn a_silent_active_lapses_before_the_standby_takes_over_and_is_fenced() {
             }
         };
         let took_over = cut.elapsed();
-        assert!(took_over > lapsed, "A lapsed at {lapsed:?}, B took over at {took_over:?}");
         assert!(
-            took_over <= failover + b.timing.poll + 2 * b.timing.deadline + Duration::from_millis(500),
+            took_over > lapsed,
+            "A lapsed at {lapsed:?}, B took over at {took_over:?}"
+        );
+        assert!(
+            took_over
+                <= failover + b.timing.poll + 2 * b.timing.deadline + Duration::from_millis(500),
             "B took over {took_over:?} after the cut"
         );
         assert_eq!(won.epoch, term.epoch + 1);
@@ -342,13 +357,21 @@ fn a_silent_active_lapses_before_the_standby_takes_over_and_is_fenced() {
         .await
         .unwrap();
         assert!(matches!(err, Error::NotActive(_)), "{err}");
-        let stale = a_store.fenced(term.epoch, Lease::until(Instant::now() + Duration::from_secs(60)));
+        let stale = a_store.fenced(
+            term.epoch,
+            Lease::until(Instant::now() + Duration::from_secs(60)),
+        );
         let err = tokio::task::spawn_blocking(move || {
             stale.write(&[Record::Job(&suite::job(9))]).unwrap_err()
         })
         .await
         .unwrap();
         assert!(err.to_string().contains("no longer active"), "{err}");
-        assert!(PgStore::open(&pg.url()).unwrap().load().unwrap().jobs.is_empty());
+        assert!(PgStore::open(&pg.url())
+            .unwrap()
+            .load()
+            .unwrap()
+            .jobs
+            .is_empty());
     });
 }

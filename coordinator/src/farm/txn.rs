@@ -74,10 +74,7 @@ impl Slot {
     }
 
     fn take(&self) -> Option<Result<(), Error>> {
-        self.result
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
+        self.result.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 }
 
@@ -312,9 +309,7 @@ impl Farm {
         match &st.commits {
             Some(tx) if tx.send(entry).is_ok() => Ticket(Some(done)),
             _ => {
-                done.finish(Err(Error::Store(
-                    "the coordinator is shutting down".into(),
-                )));
+                done.finish(Err(Error::Store("the coordinator is shutting down".into())));
                 Ticket(Some(done))
             }
         }

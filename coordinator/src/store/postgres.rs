@@ -8,12 +8,25 @@
 //! thousands of changes costs a handful of round trips and one WAL flush.
 //!
 //! **Fencing.** With several coordinators on one database (active and
-//! standby, see [`crate::ha`]), the active one sets its leadership epoch
-//! ([`PgStore::fence`]); every batch first reads the leader row `FOR SHARE`
-//! and writes nothing unless the epoch is still its own. A standby taking
-//! over bumps the epoch with an `UPDATE` of that row, which waits for any
-//! batch in flight; so a deposed coordinator can never write again, and the
-//! new one reads every batch the old one committed.
+//! standby, see [`crate::ha`]), the active one writes through a handle
+//! fenced by its leadership epoch and lease ([`PgStore::fenced`]); every
+//! batch first reads the leader row `FOR SHARE` and writes nothing unless
+//! the epoch is still its own and its lease has not expired on the server's
+//! clock. A standby taking over bumps the epoch with an `UPDATE` of that
+//! row, which waits for any batch in flight; so a deposed coordinator can
+//! never write again, and the new one reads every batch the old one
+//! committed. The handle also refuses every call once the lease lapsed on
+//! this machine's clock, and abandons a call in flight when it does.
+//!
+//! **Deadlines.** Every call has one (`--failover-seconds`, or
+//! [`DEFAULT_DEADLINE`]; reading the whole state at a takeover gets at
+//! least two minutes): the client gives up, and the server enforces the
+//! same bound with `statement_timeout`, `lock_timeout` and
+//! `idle_in_transaction_session_timeout`, so a session whose client went
+//! silent mid-transaction releases its locks. A connection abandoned at a
+//! deadline is closed, never reused. An unreachable or silent server is
+//! [`Error::StoreUnavailable`], naming PostgreSQL and what to check;
+//! [`StoreHealth`] keeps since when, for `/metrics` and the standby's words.
 //!
 //! **Claiming tasks.** The issue sketches claiming tasks with `SELECT ... FOR
 //! UPDATE SKIP LOCKED`. That suits many schedulers sharing a table. Here one
