@@ -338,6 +338,11 @@ fn a_silent_active_lapses_before_the_standby_takes_over_and_is_fenced() {
             }
         };
         let took_over = cut.elapsed();
+        eprintln!(
+            "failover 2 s: A lapsed {:.2} s after the cut, B took over {:.2} s after it",
+            lapsed.as_secs_f64(),
+            took_over.as_secs_f64()
+        );
         assert!(
             took_over > lapsed,
             "A lapsed at {lapsed:?}, B took over at {took_over:?}"

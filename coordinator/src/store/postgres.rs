@@ -757,10 +757,11 @@ impl MetaStore for PgStore {
                 .start()
                 .await
                 .map_err(|e| pg_error("cannot begin a read", e))?;
-            // A large farm's state takes longer to read than one write.
+            // A large farm's state takes longer to read than one write, and
+            // parsing one table's rows leaves the session idle for a while.
+            let ms = deadline.as_millis();
             tx.batch_execute(&format!(
-                "SET LOCAL statement_timeout = {}",
-                deadline.as_millis()
+                "SET LOCAL statement_timeout = {ms}; SET LOCAL idle_in_transaction_session_timeout = {ms}"
             ))
             .await
             .map_err(|e| pg_error("cannot begin a read", e))?;
