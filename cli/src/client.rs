@@ -48,7 +48,18 @@ impl Client {
 
     /// Turns a status into an error that says what to do.
     pub fn explain(&self, s: tonic::Status) -> anyhow::Error {
+        let standby = s
+            .metadata()
+            .get(tessera_worker::failover::ROLE_HEADER)
+            .is_some_and(|v| v.as_encoded_bytes() == b"standby");
         match s.code() {
+            // A standby (or a coordinator that stepped down) says who is
+            // active, or what is down, itself.
+            Code::Unavailable if standby => anyhow!("{}: {}", self.url, s.message()),
+            // The coordinator answered: its own words say what is wrong.
+            Code::Unavailable if s.message().contains("PostgreSQL") => {
+                anyhow!("{}: {}", self.url, s.message())
+            }
             Code::Unavailable => anyhow!(
                 "cannot reach the coordinator at {}: {}; start one with `tessera coordinator` or point --coordinator (or $TESSERA_COORDINATOR) at it",
                 self.url,

@@ -456,13 +456,14 @@ fn locked(file: &Path) -> bool {
     r != 0
 }
 
-/// PostgreSQL answers, and an active coordinator holds the election lock.
+/// PostgreSQL answers, and an active coordinator holds an unexpired lease.
 async fn postgres(r: &mut Report, url: &str) {
     let election = tessera_coordinator::ha::Election::connect(
         url,
         "tessera doctor",
         "",
         Duration::from_secs(10),
+        tessera_coordinator::store::StoreHealth::new("PostgreSQL"),
     )
     .await;
     let election = match election {
@@ -473,21 +474,17 @@ async fn postgres(r: &mut Report, url: &str) {
         }
     };
     r.line(Level::Ok, "store", "PostgreSQL answers");
-    match election.try_acquire().await {
-        // The lock goes with this connection, when `election` is dropped.
-        Ok(true) => r.line(
+    match election.leader().await {
+        Ok(l) if l.epoch == 0 || l.expired => r.line(
             Level::Fail,
             "standby",
             "no coordinator is active on this database; start one (`tessera coordinator --store ...`), or check why the active one died",
         ),
-        Ok(false) => match election.leader().await {
-            Ok(l) => r.line(
-                Level::Ok,
-                "standby",
-                format!("an active coordinator ({}) at {} since {}", l.holder, l.url, l.since),
-            ),
-            Err(e) => r.line(Level::Ok, "standby", format!("a coordinator is active ({e})")),
-        },
+        Ok(l) => r.line(
+            Level::Ok,
+            "standby",
+            format!("an active coordinator ({}) at {} since {}", l.holder, l.url, l.since),
+        ),
         Err(e) => r.line(Level::Fail, "standby", format!("{e}")),
     }
 }

@@ -47,8 +47,10 @@ fn default_advertise(addr: std::net::SocketAddr, tls: bool) -> String {
     }
 }
 
-/// Runs a coordinator on PostgreSQL: standby until it holds the leader
-/// lock, then active until it is stopped or loses the lock.
+/// Runs a coordinator on PostgreSQL: standby until it takes over, then
+/// active until its leadership ends (lapsed, deposed, PostgreSQL out of
+/// reach), then standby again, and so on until it is stopped. An outage
+/// of PostgreSQL is ridden out, never a reason to exit.
 pub async fn coordinator(
     args: &CoordinatorArgs,
     config: tessera_coordinator::Config,
@@ -63,9 +65,12 @@ pub async fn coordinator(
         );
     }
     let failover = Duration::from_secs_f64(args.failover_seconds);
+    let holder = ha::holder_name();
     let store = {
         let url = url.clone();
-        tokio::task::spawn_blocking(move || PgStore::open(&url))
+        let session = ha::session_name(&holder);
+        // A store call may take as long as a failover, no longer.
+        tokio::task::spawn_blocking(move || PgStore::open_as(&url, &session, failover))
             .await
             .context("the store's start panicked")??
     };
@@ -77,69 +82,154 @@ pub async fn coordinator(
         .advertise
         .clone()
         .unwrap_or_else(|| default_advertise(addr, tls.is_some()));
-    let election = Election::connect(&url, &ha::holder_name(), &advertise, failover).await?;
+    let election =
+        Election::connect(&url, &holder, &advertise, failover, store.health_handle()).await?;
     let grpc = listener.into_std()?;
     let http = http.map(|h| h.into_std()).transpose()?;
-    let mut announced = false;
-    if !election.try_acquire().await? {
-        announce(args, addr, http_addr);
-        announced = true;
-        let leader = election.leader().await?;
-        println!("tessera coordinator standby: {}", leader.standby_message());
-        tracing::info!(active = %leader.url, "standby: waiting for the active coordinator's lock");
-        let active = standby::serve_until_active(
-            &election,
-            &grpc,
-            http.as_ref(),
-            tls.as_ref(),
-            limits,
-            shutdown_signal(),
-        )
-        .await?;
-        if !active {
-            return Ok(());
-        }
-    }
-    let epoch = election.take_over().await?;
-    store.fence(epoch);
-    tracing::info!(epoch, advertise = %advertise, "active: loading the state from PostgreSQL");
     let blobs = crate::serve::open_blobs(args, config.max_upload)?;
-    let store: Arc<dyn tessera_coordinator::store::MetaStore> = Arc::new(store);
-    let data = args.data.clone();
-    let mut coord = tokio::task::block_in_place(|| {
-        tessera_coordinator::Coordinator::open_on(&data, store, blobs, config)
-    })
-    .context("cannot take over: loading the state from PostgreSQL failed")?
-    .with_ffmpeg(ffmpeg)
-    .with_connection_limits(limits);
-    say_admin_token(&coord);
-    if let Some((cert, key)) = tls {
-        coord = coord.with_tls(cert, key);
-    }
-    if !announced {
-        announce(args, addr, http_addr);
-    }
-    println!("tessera coordinator active (epoch {epoch})");
-    let lost = std::sync::atomic::AtomicBool::new(false);
-    let stop = async {
-        tokio::select! {
-            _ = shutdown_signal() => {}
-            _ = election.lost() => lost.store(true, std::sync::atomic::Ordering::SeqCst),
+    // One stop signal for every term and standby spell.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
         }
     };
-    coord
-        .serve(
-            TcpListener::from_std(grpc)?,
-            http.map(TcpListener::from_std).transpose()?,
-            stop,
-        )
-        .await?;
-    if lost.load(std::sync::atomic::Ordering::SeqCst) {
-        bail!(
-            "lost the PostgreSQL connection that holds the leadership, so another coordinator may take over; stopped serving (restart this one and it comes back as standby)"
-        );
+    // The listening lines come first, once.
+    let announced = std::cell::Cell::new(false);
+    let announce_once = || {
+        if !announced.replace(true) {
+            announce(args, addr, http_addr);
+        }
+    };
+    loop {
+        let term = match standby::first_look(&election).await {
+            Ok(term) => term,
+            Err(words) => {
+                announce_once();
+                println!("tessera coordinator standby: {words}");
+                tracing::info!("standby: {words}");
+                match standby::serve_until_active(
+                    &election,
+                    &grpc,
+                    http.as_ref(),
+                    tls.as_ref(),
+                    limits,
+                    stopped(),
+                    words,
+                )
+                .await?
+                {
+                    Some(term) => term,
+                    None => return Ok(()),
+                }
+            }
+        };
+        let epoch = term.epoch;
+        tracing::info!(epoch, advertise = %advertise, "active: loading the state from PostgreSQL");
+        let serve = async {
+            let store: Arc<dyn tessera_coordinator::store::MetaStore> =
+                Arc::new(store.fenced(epoch, term.lease.clone()));
+            let data = args.data.clone();
+            let blobs = blobs.clone();
+            let config = config.clone();
+            let coord = tokio::task::spawn_blocking(move || {
+                tessera_coordinator::Coordinator::open_on(&data, store, blobs, config)
+            })
+            .await
+            .context("loading the state panicked")?;
+            let coord = match coord {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("tessera coordinator: cannot take over, loading the state from PostgreSQL failed: {e:#}; standing by");
+                    return Ok::<_, anyhow::Error>(false);
+                }
+            };
+            let lease = term.lease.clone();
+            let health = election.health().clone();
+            let mut coord = coord
+                .with_ffmpeg(ffmpeg.clone())
+                .with_connection_limits(limits)
+                .with_active_check(Arc::new(move || {
+                    (!lease.valid()).then(|| {
+                        format!(
+                            "this coordinator is standby: its leadership lapsed (PostgreSQL did not confirm it in time; {}); use the active coordinator",
+                            health.line()
+                        )
+                    })
+                }));
+            say_admin_token(&coord);
+            if let Some((cert, key)) = &tls {
+                coord = coord.with_tls(cert.clone(), key.clone());
+            }
+            announce_once();
+            println!("tessera coordinator active (epoch {epoch})");
+            let farm = coord.farm().clone();
+            let grpc = TcpListener::from_std(grpc.try_clone()?)?;
+            let http = http
+                .as_ref()
+                .map(|h| h.try_clone().and_then(TcpListener::from_std))
+                .transpose()?;
+            // Connections are told to go away when the term ends, too.
+            let lease = term.lease.clone();
+            let stop = stopped();
+            let shutdown = async move {
+                tokio::select! {
+                    _ = stop => {}
+                    _ = lease.lapsed() => {}
+                }
+            };
+            let served = coord.serve(grpc, http, shutdown);
+            tokio::pin!(served);
+            let done = tokio::select! {
+                _ = term.lease.lapsed() => None,
+                r = &mut served => Some(r),
+            };
+            // Stepping down: parked calls and event streams end now; the
+            // connections in flight get a moment to finish (every request
+            // is refused as a standby's already), then are dropped.
+            farm.stop_serving("its leadership ended".into());
+            match done {
+                Some(r) => {
+                    r?;
+                    Ok(*stop_rx.borrow())
+                }
+                None => {
+                    let _ = tokio::time::timeout(Duration::from_secs(2), served).await;
+                    Ok(false)
+                }
+            }
+        };
+        tokio::pin!(serve);
+        let hold = election.hold(&term);
+        tokio::pin!(hold);
+        let mut why = None;
+        // The lease is renewed while the term lasts, the state's loading
+        // included; once it ends, the serving steps down.
+        let stop_requested = loop {
+            tokio::select! {
+                r = &mut serve => break r?,
+                w = &mut hold, if why.is_none() => why = Some(w),
+            }
+        };
+        // Whatever ended the term, a standby may take over at once.
+        election.release(&term).await;
+        if stop_requested {
+            return Ok(());
+        }
+        let why = why.unwrap_or_else(|| "its leadership ended".into());
+        println!("tessera coordinator stepped down (epoch {epoch}): {why}");
+        tracing::warn!(epoch, "stepped down: {why}");
+        // A moment before looking again, so that a standby may take over.
+        tokio::select! {
+            _ = stopped() => return Ok(()),
+            _ = tokio::time::sleep(election.timing.poll) => {}
+        }
     }
-    Ok(())
 }
 
 /// `tessera coordinator --status`: each address's role.

@@ -197,6 +197,14 @@ impl From<Error> for ApiError {
             Error::PermissionDenied(_) => {
                 (StatusCode::FORBIDDEN, "use a token with the right role")
             }
+            Error::StoreUnavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "check that the PostgreSQL server runs and that the coordinator reaches it, then try again",
+            ),
+            Error::NotActive(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "use the active coordinator",
+            ),
             Error::Store(_) | Error::Io { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "free space on the coordinator's --data volume or make it writable, then try again",

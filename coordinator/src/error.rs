@@ -24,6 +24,16 @@ pub enum Error {
     /// The durable store failed; nothing was acknowledged.
     #[error("metadata store: {0}")]
     Store(String),
+    /// A store on another machine (PostgreSQL) did not answer, or not in
+    /// time; nothing was acknowledged. Worth trying again. The message names
+    /// the store and what to check.
+    #[error("{0}")]
+    StoreUnavailable(String),
+    /// This coordinator is not (or no longer) the active one: its leadership
+    /// lapsed or another coordinator took over. Callers move on to another
+    /// coordinator.
+    #[error("{0}")]
+    NotActive(String),
     /// A file-system operation failed.
     #[error("{context}: {source}")]
     Io {

@@ -338,6 +338,9 @@ pub struct Farm {
     blobs: Arc<dyn BlobStore>,
     clock: Arc<dyn Clock>,
     config: Config,
+    /// Set when this farm stops serving (its coordinator stepped down):
+    /// the words parked and later calls are refused with.
+    stopped: std::sync::OnceLock<String>,
 }
 
 impl Farm {
@@ -394,7 +397,29 @@ impl Farm {
             blobs,
             clock,
             config,
+            stopped: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Stops serving as the active coordinator's farm (it stepped down,
+    /// see [`crate::ha`]): parked lease calls are refused with `why` at
+    /// once, and job event streams end (clients then reopen them elsewhere).
+    pub fn stop_serving(&self, why: String) {
+        let _ = self.stopped.set(why);
+        let mut st = self.lock();
+        st.wake_all();
+        // Dropping the sender ends every stream that listens to it.
+        st.events = Some(tokio::sync::broadcast::channel(1024).0);
+    }
+
+    /// Why this farm stopped serving, once it did.
+    pub(crate) fn stopped(&self) -> Option<&str> {
+        self.stopped.get().map(String::as_str)
+    }
+
+    /// Whether the metadata store answers, for a store on another machine.
+    pub fn store_health(&self) -> Option<crate::store::StoreHealth> {
+        self.store.health()
     }
 
     /// Changes from now on. A receiver that falls behind gets

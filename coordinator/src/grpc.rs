@@ -33,6 +33,11 @@ impl From<Error> for Status {
             Error::LeaseLost(_) => Status::failed_precondition(e.to_string()),
             Error::Unauthenticated(m) => Status::unauthenticated(m),
             Error::PermissionDenied(m) => Status::permission_denied(m),
+            // PostgreSQL is down or slow: worth trying again; the message
+            // says what to check.
+            Error::StoreUnavailable(m) => Status::unavailable(m),
+            // Marked like a standby's refusal, so that clients move on.
+            Error::NotActive(m) => crate::ha::standby::refusal_status(m),
             // The coordinator's own storage failed (disk full, read-only):
             // nothing was acknowledged; say so plainly.
             Error::Store(_) | Error::Io { .. } => Status::resource_exhausted(format!(

@@ -70,9 +70,28 @@ pub(crate) async fn serve(
     listener: TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
     gate: Arc<Gate>,
+    active: Option<crate::server::ActiveCheck>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_app(listener, tls, gate, shutdown, |tls| app(farm, tls)).await
+    serve_app(listener, tls, gate, shutdown, |tls| {
+        let app = app(farm, tls);
+        match active {
+            // Every request asks first whether this coordinator is still active.
+            Some(check) => app.layer(axum::middleware::from_fn(
+                move |req: axum::extract::Request, next: axum::middleware::Next| {
+                    let refused = check();
+                    async move {
+                        match refused {
+                            Some(words) => crate::ha::standby::http_refusal(words),
+                            None => next.run(req).await,
+                        }
+                    }
+                },
+            )),
+            None => app,
+        }
+    })
+    .await
 }
 
 /// Serves the router `app` makes (given whether it is HTTPS) on `listener`.

@@ -400,7 +400,8 @@ pub fn render(farm: &Farm, who: &crate::auth::Identity) -> String {
         }
     }
     // Only an active coordinator has a farm to render.
-    o.0 + &role(true)
+    let store = farm.store_health().map(|h| h.metrics()).unwrap_or_default();
+    o.0 + &role(true) + &store
 }
 
 /// Frame verification: results compared, and tasks whose results differed.

@@ -27,6 +27,22 @@ pub struct Coordinator {
     previews: (crate::preview::encode::Ffmpeg, std::path::PathBuf),
     /// How many connections both ports take, and how long they may stall.
     limits: ConnectionLimits,
+    /// Asked on every request: Some(words) when this coordinator may no
+    /// longer answer as active (see [`crate::ha`]).
+    active: Option<ActiveCheck>,
+}
+
+/// Whether a coordinator may answer as active: None when it may, else the
+/// words of a standby's refusal.
+pub type ActiveCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// Aborts a background task when the server's future ends or is dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Writes a secret readable by its owner only.
@@ -92,6 +108,7 @@ impl Coordinator {
             tls: None,
             previews: (Default::default(), data.join("tmp").join("previews")),
             limits: ConnectionLimits::default(),
+            active: None,
         })
     }
 
@@ -121,6 +138,13 @@ impl Coordinator {
         self
     }
 
+    /// Refuses every request, as a standby would, whenever `check` says
+    /// so (a coordinator whose leadership lapsed).
+    pub fn with_active_check(mut self, check: ActiveCheck) -> Self {
+        self.active = Some(check);
+        self
+    }
+
     /// The domain service.
     pub fn farm(&self) -> &Arc<Farm> {
         &self.farm
@@ -145,15 +169,19 @@ impl Coordinator {
         let http_task = http.map(|l| {
             let farm = self.farm.clone();
             let gate = gate.clone();
+            let active = self.active.clone();
             tokio::spawn(async move {
                 let stopped = async move {
                     let _ = http_stopped.await;
                 };
-                if let Err(e) = crate::http::serve(farm, l, http_tls, gate, stopped).await {
+                if let Err(e) = crate::http::serve(farm, l, http_tls, gate, active, stopped).await {
                     tracing::error!("HTTP server stopped: {e}");
                 }
             })
         });
+        // Should this future be dropped rather than finish, the HTTP port
+        // and the reaper stop with it.
+        let _http_guard = http_task.as_ref().map(|t| AbortOnDrop(t.abort_handle()));
         // Previews are made on a thread of their own, one at a time, until
         // this returns (the guard stops it).
         let (ffmpeg, scratch) = self.previews.clone();
@@ -189,12 +217,19 @@ impl Coordinator {
                 .await;
             }
         });
+        let _reaper_guard = AbortOnDrop(reaper.abort_handle());
         let addr = listener.local_addr().ok();
         tracing::info!(?addr, "coordinator listening");
         let incoming = gated(listener, gate);
         let guard = |roles: &'static [Role]| {
             let farm = self.farm.clone();
-            move |req: tonic::Request<()>| crate::grpc::authorize(&farm, req, roles)
+            let active = self.active.clone();
+            move |req: tonic::Request<()>| {
+                if let Some(words) = active.as_ref().and_then(|check| check()) {
+                    return Err(crate::ha::standby::refusal_status(words));
+                }
+                crate::grpc::authorize(&farm, req, roles)
+            }
         };
         let max_message = self.farm.config().max_message;
         let blobs = InterceptedService::new(

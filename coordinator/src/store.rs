@@ -22,9 +22,11 @@ use crate::job::{Job, JobId};
 use crate::task::Task;
 use crate::worker::{WorkerId, WorkerRecord};
 
+pub mod health;
 pub mod postgres;
 pub mod suite;
 
+pub use health::StoreHealth;
 pub use postgres::PgStore;
 
 /// One record to write.
@@ -110,6 +112,11 @@ pub trait MetaStore: Send + Sync + 'static {
     /// Deletes the task records of a job that was archived or deleted (they
     /// are ignored already; this frees their space). Not atomic.
     fn purge_tasks(&self, id: JobId) -> Result<(), Error>;
+    /// Whether the store answers, for a store on another machine (none
+    /// for a local one).
+    fn health(&self) -> Option<StoreHealth> {
+        None
+    }
 }
 
 /// `user NUL hex-digest`: user names never hold a NUL (see `auth::check_name`).

@@ -10,6 +10,7 @@
 //!   real coordinator over gRPC.
 //! * [`s3`]: a real S3 server (SeaweedFS) for the S3 blob store's tests.
 //! * [`postgres`]: a real PostgreSQL server in a temporary directory.
+//! * [`proxy`]: a real TCP proxy that can go silent (a network partition).
 
 pub mod browser;
 pub mod chaos;
@@ -17,6 +18,7 @@ pub mod fake_coordinator;
 pub mod http;
 pub mod load;
 pub mod postgres;
+pub mod proxy;
 pub mod s3;
 
 use std::io::{BufRead, BufReader};

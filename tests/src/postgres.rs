@@ -122,13 +122,7 @@ impl PgServer {
         let mut last = String::new();
         for _ in 0..3 {
             server.port = free_port()?;
-            // fsync off: the tests kill coordinators, never this server, so
-            // its WAL flushes would only cost time.
-            let opts = format!(
-                "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
-                server.port,
-                server.dir.path().display()
-            );
+            let opts = server.options();
             let out = server
                 .command("pg_ctl")
                 .arg("-D")
@@ -220,6 +214,62 @@ impl PgServer {
             }
             None => Command::new(exe),
         }
+    }
+
+    /// Stops the server with `pg_ctl stop -m MODE` (`fast`: sessions are
+    /// ended, `immediate`: no shutdown checkpoint, crash recovery at the
+    /// next start); the port and data stay for [`PgServer::start_again`].
+    pub fn stop(&self, mode: &str) -> Result<(), String> {
+        let out = self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(self.data())
+            .args(["-m", mode, "-w", "-t", "60", "stop"])
+            .output()
+            .map_err(|e| format!("cannot run pg_ctl: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("pg_ctl stop -m {mode} failed: {}", show(&out)));
+        }
+        Ok(())
+    }
+
+    /// The server's options: its port and socket directory.
+    fn options(&self) -> String {
+        // fsync off: the tests kill coordinators, never this server's
+        // machine, so its WAL flushes would only cost time.
+        format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+            self.port,
+            self.dir.path().display()
+        )
+    }
+
+    /// Starts a stopped server again on its port, with its data.
+    pub fn start_again(&self) -> Result<(), String> {
+        let opts = self.options();
+        let out = self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(self.data())
+            .arg("-l")
+            .arg(self.dir.path().join("server.log"))
+            .args(["-o", &opts, "-w", "-t", "60", "start"])
+            .output()
+            .map_err(|e| format!("cannot run pg_ctl: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "pg_ctl start failed: {}\n{}",
+                show(&out),
+                self.log()
+            ));
+        }
+        Ok(())
+    }
+
+    /// `pg_ctl restart -m MODE`: down and up again at once.
+    pub fn restart(&self, mode: &str) -> Result<(), String> {
+        self.stop(mode)?;
+        self.start_again()
     }
 
     /// Its log so far.

@@ -1,13 +1,15 @@
 //! Coordinators on PostgreSQL, end to end: real coordinators, a real
 //! PostgreSQL server, real workers and real Blender. One farm on the
 //! PostgreSQL store; then an active and a standby coordinator, the active
-//! one killed with SIGKILL mid-job.
+//! one killed with SIGKILL mid-job, cut off from PostgreSQL by a silent
+//! network, and PostgreSQL itself restarted mid-job.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tessera_tests::postgres::{PgCoordinator, PgServer};
+use tessera_tests::proxy::SilentProxy;
 use tessera_tests::s3::s3_or_skip;
 use tessera_tests::*;
 
@@ -261,4 +263,386 @@ fn the_standby_takes_over_when_the_active_is_killed_and_the_job_finishes_exactly
     // Clients still reach the farm through either order of addresses.
     let other = format!("{},{}", a.url, b.url);
     assert_eq!(status(&other, job)["state"], "done");
+}
+
+/// What a coordinator answers a client with now: `active`, `standby`, or
+/// `unreachable` (no answer within a second, or an error without a role).
+async fn role(url: &str, token: &str) -> &'static str {
+    use tessera_proto as pb;
+    let probe = async {
+        let channel = tonic::transport::Endpoint::from_shared(url.to_string())
+            .ok()?
+            .connect_timeout(Duration::from_millis(500))
+            .connect()
+            .await
+            .ok()?;
+        let mut blobs = pb::blobs_client::BlobsClient::new(channel);
+        let mut req = tonic::Request::new(pb::MissingBlobsRequest { digests: vec![] });
+        req.metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().ok()?);
+        Some(match blobs.missing_blobs(req).await {
+            Ok(_) => "active",
+            Err(s)
+                if s.metadata()
+                    .get("tessera-role")
+                    .is_some_and(|v| v == "standby") =>
+            {
+                "standby"
+            }
+            Err(_) => "unreachable",
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(1), probe)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or("unreachable")
+}
+
+/// One look at both coordinators: when, A's role, B's role.
+type Look = (Instant, &'static str, &'static str);
+
+/// Polls both coordinators' roles side by side every 50 ms until `stop`.
+fn poll_roles(
+    a: String,
+    b: String,
+    token: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<Look>> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut looks = Vec::new();
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            let at = Instant::now();
+            let (ra, rb) = rt.block_on(async { tokio::join!(role(&a, &token), role(&b, &token)) });
+            looks.push((at, ra, rb));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        looks
+    })
+}
+
+/// Two coordinators on one PostgreSQL database (A reaching it at `url_a`,
+/// B at `url_b`), blobs in one shared directory, and two workers that
+/// know both.
+struct Pair {
+    a: PgCoordinator,
+    b: PgCoordinator,
+    both: String,
+    admin: String,
+    workers: Vec<Proc>,
+}
+
+impl Pair {
+    fn start(dir: &Path, url_a: &str, url_b: &str) -> Pair {
+        let blobs = dir.join("blobs");
+        let blobs = blobs.to_str().unwrap();
+        let ha = ["--lease-ttl", "5", "--failover-seconds", "3"];
+        let (data_a, data_b) = (dir.join("a"), dir.join("b"));
+        let a = PgCoordinator::start(&data_a, "127.0.0.1:0", url_a, blobs, &ha, &[]);
+        assert!(
+            a.wait_line("active (epoch", Duration::from_secs(30))
+                .is_some(),
+            "{:?}\n{}",
+            a.lines(),
+            a.proc.log()
+        );
+        let b = PgCoordinator::start(&data_b, "127.0.0.1:0", url_b, blobs, &ha, &[]);
+        assert!(
+            b.wait_line("standby", Duration::from_secs(30)).is_some(),
+            "{:?}\n{}",
+            b.lines(),
+            b.proc.log()
+        );
+        let both = format!("{},{}", a.url, b.url);
+        let (admin, worker_token) = tokens(&data_a, &a.url, &[&a.url, &b.url, &both]);
+        let env = [("TESSERA_TOKEN", worker_token.as_str())];
+        let workers = ["wa", "wb"]
+            .iter()
+            .map(|n| worker_env(&both, dir, n, &[], &env))
+            .collect();
+        Pair {
+            a,
+            b,
+            both,
+            admin,
+            workers,
+        }
+    }
+
+    fn worker_logs(&self) -> Vec<String> {
+        self.workers.iter().map(|w| w.log()).collect()
+    }
+
+    /// Asserts that every task of `job` (`n` tasks) was completed once.
+    fn assert_each_task_completed_once(&self, job: u64, n: u64) {
+        let counts = completions(&self.worker_logs());
+        for index in 0..n {
+            let prefix = format!("{job}.{index}.");
+            let done: usize = counts
+                .iter()
+                .filter(|(lease, _)| lease.starts_with(&prefix))
+                .map(|(_, n)| n)
+                .sum();
+            assert_eq!(
+                done, 1,
+                "task {index} was completed {done} times: {counts:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_silent_cut_between_the_active_and_postgres_hands_over_without_two_actives() {
+    let Some(pg) = PgServer::start_or_skip("a_silent_cut_between_the_active_and_postgres") else {
+        return;
+    };
+    let dir = scratch();
+    let scene = scene(&["--kind", "anim", "--frames", "8", "--samples", "128"]);
+    // A reaches PostgreSQL only through the proxy; B directly.
+    let proxy = SilentProxy::start(&format!("127.0.0.1:{}", pg.port())).unwrap();
+    let via_proxy = format!("postgres://tessera@127.0.0.1:{}/tessera", proxy.port());
+    let mut pair = Pair::start(dir.path(), &via_proxy, &pg.url());
+    let job = submit(&pair.both, &scene, &["--frames", "1-6"]);
+    let before = wait_for(&pair.both, job, LONG, "two frames", |j| {
+        j["frames_done"].as_u64().unwrap() >= 2
+    });
+    assert_eq!(before["state"], "running", "{before:#}");
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let poller = poll_roles(
+        pair.a.url.clone(),
+        pair.b.url.clone(),
+        pair.admin.clone(),
+        stop.clone(),
+    );
+    // Let the poller see A active first.
+    std::thread::sleep(Duration::from_millis(300));
+    proxy.black_hole();
+    let cut = Instant::now();
+    assert!(
+        pair.b
+            .wait_line("active (epoch", Duration::from_secs(20))
+            .is_some(),
+        "B did not take over: {:?}\n{}",
+        pair.b.lines(),
+        pair.b.proc.log()
+    );
+    let takeover = cut.elapsed();
+    // While the cut lasts, A says what is down.
+    assert!(
+        eventually(Duration::from_secs(10), || http_get(&pair.a.metrics)
+            .1
+            .contains("tessera_store_up 0")),
+        "{}",
+        http_get(&pair.a.metrics).1
+    );
+    let roles = cli(&pair.both, &["coordinator", "--status"]);
+    let roles = String::from_utf8_lossy(&roles.stdout).to_string();
+    assert!(
+        roles.contains(&format!("{}  standby", pair.a.url))
+            && roles.contains("store: PostgreSQL at 127.0.0.1")
+            && roles.contains("unreachable since"),
+        "{roles}"
+    );
+    assert!(
+        roles.contains(&format!("{}  active", pair.b.url)),
+        "{roles}"
+    );
+    // A few more looks with B active and A cut off.
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let looks = poller.join().unwrap();
+    let since_cut = |t: Instant| t.saturating_duration_since(cut).as_secs_f64();
+    let shown: Vec<_> = looks
+        .iter()
+        .map(|(t, a, b)| format!("{:+.2}s A {a} B {b}", since_cut(*t)))
+        .collect();
+    let both_active: Vec<_> = looks
+        .iter()
+        .filter(|(_, a, b)| *a == "active" && *b == "active")
+        .collect();
+    assert!(both_active.is_empty(), "two actives: {shown:?}");
+    let a_last = looks
+        .iter()
+        .rev()
+        .find(|(_, a, _)| *a == "active")
+        .map(|l| l.0)
+        .expect("A was seen active");
+    assert!(
+        looks
+            .iter()
+            .any(|l| l.0 < cut && l.1 == "active" && l.2 == "standby"),
+        "A active and B standby before the cut: {shown:?}"
+    );
+    let b_first = looks
+        .iter()
+        .find(|(_, _, b)| *b == "active")
+        .map(|l| l.0)
+        .unwrap_or_else(|| panic!("B never answered as active: {shown:?}"));
+    assert!(
+        a_last < b_first,
+        "A answered as active after B did: {shown:?}"
+    );
+    eprintln!(
+        "silent cut: A last answered as active {:.2} s after the cut, B first {:.2} s after it (its takeover line {:.2} s)",
+        since_cut(a_last),
+        since_cut(b_first),
+        takeover.as_secs_f64()
+    );
+    // The bounds (module doc of coordinator::ha) with F = 3 s: A stops by
+    // F - F/6 = 2.5 s after the cut; B takes over by F + poll + deadlines
+    // (3 + 0.75 + 2 x 1 s), then loads the state. Slack for a busy machine.
+    assert!(
+        since_cut(a_last) < 4.0,
+        "A answered as active too long after the cut: {shown:?}"
+    );
+    assert!(
+        takeover <= Duration::from_secs(10),
+        "B took over {takeover:?} after the cut"
+    );
+    assert!(
+        pair.a
+            .wait_line("stepped down", Duration::from_secs(5))
+            .is_some(),
+        "{:?}",
+        pair.a.lines()
+    );
+
+    let done = wait_for(&pair.both, job, LONG, "the job to finish", |j| {
+        j["state"] == "done" || j["state"] == "failed"
+    });
+    assert_eq!(done["state"], "done", "{done:#}");
+    fetch_exact(&pair.both, job, &scene, 1..=6, dir.path());
+    pair.assert_each_task_completed_once(job, 6);
+
+    // The network heals: A comes back as standby, naming B, and stays alive.
+    proxy.restore();
+    let b_url = pair.b.url.clone();
+    assert!(
+        eventually(Duration::from_secs(15), || {
+            let out = cli(&pair.both, &["coordinator", "--status"]);
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            text.contains(&format!(
+                "{}  standby (this coordinator is standby; the active one is {b_url}",
+                pair.a.url
+            ))
+        }),
+        "{}",
+        String::from_utf8_lossy(&cli(&pair.both, &["coordinator", "--status"]).stdout)
+    );
+    assert!(pair.a.proc.alive() && pair.b.proc.alive());
+}
+
+#[test]
+fn postgres_restarting_mid_job_fast_or_immediate_stops_neither_coordinator() {
+    let Some(pg) = PgServer::start_or_skip("postgres_restarting_mid_job") else {
+        return;
+    };
+    let dir = scratch();
+    let scene = scene(&["--kind", "anim", "--frames", "8", "--samples", "128"]);
+    let mut pair = Pair::start(dir.path(), &pg.url(), &pg.url());
+    let job = submit(&pair.both, &scene, &["--frames", "1-6"]);
+    for (mode, frames) in [("fast", 1), ("immediate", 3)] {
+        let before = wait_for(&pair.both, job, LONG, "frames", |j| {
+            j["frames_done"].as_u64().unwrap() >= frames
+        });
+        assert_eq!(before["state"], "running", "{before:#}");
+        pg.stop(mode).unwrap();
+        let down = Instant::now();
+        // The active one refuses a write at once, naming PostgreSQL and
+        // what to check; nothing hangs.
+        let refused = cli_as(&pair.both, Some(&pair.admin), &["users", "add", "someone"]);
+        let err = String::from_utf8_lossy(&refused.stderr).to_string();
+        assert!(!refused.status.success(), "stored while down: {err}");
+        assert!(
+            err.contains("PostgreSQL") && err.contains("check that"),
+            "-m {mode}: {err}"
+        );
+        assert!(
+            down.elapsed() < Duration::from_secs(10),
+            "refused only after {:?}",
+            down.elapsed()
+        );
+        eprintln!(
+            "\n-m {mode}: the active one refused a write: {}",
+            err.trim()
+        );
+        // Both say what is down.
+        for c in [&pair.a, &pair.b] {
+            assert!(
+                eventually(Duration::from_secs(10), || {
+                    let (_, m) = http_get_as(&c.metrics, Some(&pair.admin));
+                    m.contains("tessera_store_up 0")
+                }),
+                "{}",
+                http_get_as(&c.metrics, Some(&pair.admin)).1
+            );
+        }
+        // A write while PostgreSQL is down is refused promptly, and the
+        // refusal names it (once each coordinator has noticed the outage).
+        for url in [&pair.a.url, &pair.b.url] {
+            let mut last = String::new();
+            let named = eventually(Duration::from_secs(10), || {
+                let started = Instant::now();
+                let refused = cli_as(url, Some(&pair.admin), &["users", "add", "someone"]);
+                last = String::from_utf8_lossy(&refused.stderr).to_string();
+                assert!(!refused.status.success(), "stored while down: {last}");
+                assert!(
+                    started.elapsed() < Duration::from_secs(15),
+                    "refused only after {:?}: {last}",
+                    started.elapsed()
+                );
+                last.contains("PostgreSQL")
+            });
+            assert!(named, "-m {mode}, {url}: {last}");
+            eprintln!("-m {mode}: {url} refused a write later: {}", last.trim());
+        }
+        eprintln!(
+            "-m {mode}: PostgreSQL down for {:.1} s",
+            down.elapsed().as_secs_f64()
+        );
+        pg.start_again().unwrap();
+        assert!(pair.a.proc.alive(), "A exited:\n{}", pair.a.proc.log());
+        assert!(pair.b.proc.alive(), "B exited:\n{}", pair.b.proc.log());
+        // Leadership is decided again: exactly one active.
+        let back = Instant::now();
+        assert!(
+            eventually(Duration::from_secs(20), || {
+                let out = cli(&pair.both, &["coordinator", "--status"]);
+                let text = String::from_utf8_lossy(&out.stdout).to_string();
+                out.status.success() && text.matches("  active").count() == 1
+            }),
+            "{}\n{}\n{}",
+            String::from_utf8_lossy(&cli(&pair.both, &["coordinator", "--status"]).stdout),
+            pair.a.proc.log(),
+            pair.b.proc.log()
+        );
+        eprintln!(
+            "-m {mode}: one coordinator active {:.1} s after PostgreSQL was back",
+            back.elapsed().as_secs_f64()
+        );
+    }
+    let done = wait_for(&pair.both, job, LONG, "the job to finish", |j| {
+        j["state"] == "done" || j["state"] == "failed"
+    });
+    assert_eq!(done["state"], "done", "{done:#}");
+    fetch_exact(&pair.both, job, &scene, 1..=6, dir.path());
+    assert!(pair.a.proc.alive() && pair.b.proc.alive());
+    // The store is up again on both.
+    for c in [&pair.a, &pair.b] {
+        assert!(
+            eventually(Duration::from_secs(10), || http_get_as(
+                &c.metrics,
+                Some(&pair.admin)
+            )
+            .1
+            .contains("tessera_store_up 1")),
+            "{}",
+            http_get_as(&c.metrics, Some(&pair.admin)).1
+        );
+    }
 }

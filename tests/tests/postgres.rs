@@ -2,11 +2,14 @@
 //! every store passes, fencing, and a farm of real processes on it.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use tessera_coordinator::ha::{Attempt, Election, Lease};
 use tessera_coordinator::store::suite::{self, Opener};
-use tessera_coordinator::store::{MetaStore, PgStore, Record};
+use tessera_coordinator::store::{MetaStore, PgStore, Record, StoreHealth};
 use tessera_coordinator::Error;
 use tessera_tests::postgres::PgServer;
+use tessera_tests::proxy::SilentProxy;
 
 /// A database per case on one server.
 struct PgOpener<'a>(&'a PgServer);
@@ -53,7 +56,7 @@ fn migrations_are_versioned_and_applied_once() {
             "SELECT version, name FROM tessera_migrations ORDER BY version"
         )
         .unwrap(),
-        "1|initial"
+        "1|initial\n2|leader lease"
     );
     // A schema from a newer Tessera is refused with a message that says so.
     pg.psql(
@@ -72,13 +75,13 @@ fn a_deposed_store_writes_nothing() {
     let Some(pg) = PgServer::start_or_skip("a_deposed_store_writes_nothing") else {
         return;
     };
-    let store = PgStore::open(&pg.url()).unwrap();
+    let unfenced = PgStore::open(&pg.url()).unwrap();
     pg.psql(
         "tessera",
-        "UPDATE tessera_leader SET epoch = 4, url = 'http://a:7878'",
+        "UPDATE tessera_leader SET epoch = 4, url = 'http://a:7878', expires_at = now() + interval '1 hour'",
     )
     .unwrap();
-    store.fence(4);
+    let store = unfenced.fenced(4, Lease::until(Instant::now() + Duration::from_secs(3600)));
     let job = suite::job(1);
     store.write(&[Record::Job(&job)]).unwrap();
     // Another coordinator takes over: epoch 5.
@@ -177,4 +180,203 @@ fn the_coordinator_explains_a_bad_store_and_status_finds_no_one() {
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("http://127.0.0.1:1  unreachable"), "{text}");
     assert!(text.contains("no coordinator at"), "{text}");
+}
+
+#[test]
+fn a_fenced_store_writes_nothing_once_its_lease_expired_or_lapsed() {
+    let Some(pg) = PgServer::start_or_skip("a_fenced_store_writes_nothing_once_its_lease_expired")
+    else {
+        return;
+    };
+    let unfenced = PgStore::open(&pg.url()).unwrap();
+    // Epoch 3 is this coordinator's, but its lease expired on the server.
+    pg.psql(
+        "tessera",
+        "UPDATE tessera_leader SET epoch = 3, url = 'http://a:7878', expires_at = now() - interval '1 second'",
+    )
+    .unwrap();
+    let store = unfenced.fenced(3, Lease::until(Instant::now() + Duration::from_secs(3600)));
+    let err = store.write(&[Record::Job(&suite::job(1))]).unwrap_err();
+    assert!(matches!(err, Error::NotActive(_)), "{err}");
+    assert!(err.to_string().contains("expired"), "{err}");
+    // Its own lease lapsed: refused before PostgreSQL is asked.
+    pg.psql(
+        "tessera",
+        "UPDATE tessera_leader SET expires_at = now() + interval '1 hour'",
+    )
+    .unwrap();
+    let lapsed = unfenced.fenced(3, Lease::until(Instant::now()));
+    let err = lapsed.write(&[Record::Job(&suite::job(1))]).unwrap_err();
+    assert!(matches!(err, Error::NotActive(_)), "{err}");
+    assert!(err.to_string().contains("lapsed"), "{err}");
+    assert!(unfenced.load().unwrap().jobs.is_empty());
+    // Within its lease, the same handle writes.
+    store.write(&[Record::Job(&suite::job(1))]).unwrap();
+    assert_eq!(unfenced.load().unwrap().jobs.len(), 1);
+}
+
+#[test]
+fn a_store_call_on_a_silent_network_fails_within_its_deadline_with_a_clear_error() {
+    let Some(pg) = PgServer::start_or_skip("a_store_call_on_a_silent_network_fails") else {
+        return;
+    };
+    let proxy = SilentProxy::start(&format!("127.0.0.1:{}", pg.port())).unwrap();
+    let url = format!("postgres://tessera@127.0.0.1:{}/tessera", proxy.port());
+    let deadline = Duration::from_secs(1);
+    let store = PgStore::open_as(&url, "tessera test", deadline).unwrap();
+    let health = store
+        .health()
+        .expect("a PostgreSQL store reports its health");
+    store.write(&[Record::Job(&suite::job(1))]).unwrap();
+    assert!(health.up());
+
+    proxy.black_hole();
+    let started = Instant::now();
+    let err = store.write(&[Record::Job(&suite::job(2))]).unwrap_err();
+    let took = started.elapsed();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::StoreUnavailable(_)), "{msg}");
+    assert!(
+        msg.contains("PostgreSQL at 127.0.0.1") && msg.contains("did not answer within 1 s"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("check that the PostgreSQL server runs"),
+        "{msg}"
+    );
+    assert!(took < Duration::from_secs(5), "the deadline held: {took:?}");
+    assert!(!health.up());
+    assert!(
+        health.line().contains("unreachable since"),
+        "{}",
+        health.line()
+    );
+    // Reads have a deadline too.
+    let started = Instant::now();
+    assert!(store.load_archived(suite::job(1).id).is_err());
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    proxy.restore();
+    // The stuck connections were closed; new ones work at once.
+    store.write(&[Record::Job(&suite::job(3))]).unwrap();
+    assert!(health.up());
+    let jobs = PgStore::open(&pg.url()).unwrap().load().unwrap().jobs;
+    assert!(jobs.contains_key(&suite::job(1).id) && jobs.contains_key(&suite::job(3).id));
+    assert!(
+        !jobs.contains_key(&suite::job(2).id),
+        "the refused write is not stored"
+    );
+}
+
+/// Runs `f` on a fresh current-thread runtime.
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+#[test]
+fn a_silent_active_lapses_before_the_standby_takes_over_and_is_fenced() {
+    let Some(pg) = PgServer::start_or_skip("a_silent_active_lapses_before_the_standby") else {
+        return;
+    };
+    drop(PgStore::open(&pg.url()).unwrap());
+    let proxy = SilentProxy::start(&format!("127.0.0.1:{}", pg.port())).unwrap();
+    let via_proxy = format!("postgres://tessera@127.0.0.1:{}/tessera", proxy.port());
+    let failover = Duration::from_secs(2);
+    block_on(async {
+        let a_store = PgStore::open_as(&via_proxy, "tessera a", failover).unwrap();
+        let a = Election::connect(
+            &via_proxy,
+            "a",
+            "http://a",
+            failover,
+            a_store.health_handle(),
+        )
+        .await
+        .unwrap();
+        let b = Election::connect(
+            &pg.url(),
+            "b",
+            "http://b",
+            failover,
+            StoreHealth::new("PostgreSQL"),
+        )
+        .await
+        .unwrap();
+        let Attempt::Won(term) = a.try_take_over().await.unwrap() else {
+            panic!("the first coordinator takes over");
+        };
+        assert!(matches!(
+            b.try_take_over().await.unwrap(),
+            Attempt::Standby(l) if l.url == "http://a" && !l.expired
+        ));
+        let a_writes = a_store.fenced(term.epoch, term.lease.clone());
+        let hold = tokio::spawn({
+            let term = term.clone();
+            async move { a.hold(&term).await }
+        });
+        tokio::time::sleep(failover / 2).await;
+        assert!(term.lease.valid(), "renewals keep the lease");
+        proxy.black_hole();
+        let cut = Instant::now();
+        let why = hold.await.unwrap();
+        let lapsed = cut.elapsed();
+        assert!(!term.lease.valid());
+        assert!(why.contains("did not confirm"), "{why}");
+        assert!(lapsed <= failover, "A gave up {lapsed:?} after the cut");
+        // B cannot have taken over before A gave up; it does within
+        // failover + its poll + its deadline of the cut.
+        let won = loop {
+            match b.try_take_over().await.unwrap() {
+                Attempt::Won(t) => break t,
+                Attempt::Standby(_) => {
+                    tokio::time::sleep(b.timing.poll).await;
+                }
+            }
+        };
+        let took_over = cut.elapsed();
+        eprintln!(
+            "failover 2 s: A lapsed {:.2} s after the cut, B took over {:.2} s after it",
+            lapsed.as_secs_f64(),
+            took_over.as_secs_f64()
+        );
+        assert!(
+            took_over > lapsed,
+            "A lapsed at {lapsed:?}, B took over at {took_over:?}"
+        );
+        assert!(
+            took_over
+                <= failover + b.timing.poll + 2 * b.timing.deadline + Duration::from_millis(500),
+            "B took over {took_over:?} after the cut"
+        );
+        assert_eq!(won.epoch, term.epoch + 1);
+        // Once the network heals, A's writes are refused: its lease lapsed
+        // here, and its epoch is gone there.
+        proxy.restore();
+        let err = tokio::task::spawn_blocking(move || {
+            a_writes.write(&[Record::Job(&suite::job(9))]).unwrap_err()
+        })
+        .await
+        .unwrap();
+        assert!(matches!(err, Error::NotActive(_)), "{err}");
+        let stale = a_store.fenced(
+            term.epoch,
+            Lease::until(Instant::now() + Duration::from_secs(60)),
+        );
+        let err = tokio::task::spawn_blocking(move || {
+            stale.write(&[Record::Job(&suite::job(9))]).unwrap_err()
+        })
+        .await
+        .unwrap();
+        assert!(err.to_string().contains("no longer active"), "{err}");
+        assert!(PgStore::open(&pg.url())
+            .unwrap()
+            .load()
+            .unwrap()
+            .jobs
+            .is_empty());
+    });
 }

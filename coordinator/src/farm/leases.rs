@@ -120,6 +120,11 @@ impl Farm {
         let deadline = tokio::time::Instant::now() + wait;
         let notify = Arc::new(Notify::new());
         loop {
+            if let Some(why) = self.stopped() {
+                return Err(Error::NotActive(format!(
+                    "this coordinator stepped down: {why}; use the active coordinator"
+                )));
+            }
             // Timed from here: the first try, or the try after a wake-up
             // for a ready task, so a parked call's idle wait is not counted.
             let started = std::time::Instant::now();

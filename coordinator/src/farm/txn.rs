@@ -61,24 +61,30 @@ pub(super) struct Entry {
 
 #[derive(Default)]
 struct Slot {
-    result: Mutex<Option<Result<(), String>>>,
+    result: Mutex<Option<Result<(), Error>>>,
     ready: Condvar,
     notify: Notify,
 }
 
 impl Slot {
-    fn finish(&self, r: Result<(), String>) {
+    fn finish(&self, r: Result<(), Error>) {
         *self.result.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
         self.ready.notify_all();
         self.notify.notify_one();
     }
 
     fn take(&self) -> Option<Result<(), Error>> {
-        self.result
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-            .map(|r| r.map_err(Error::Store))
+        self.result.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+/// An error of the kind of `err` (which callers decide on: try again,
+/// move to another coordinator) with the words `msg`.
+fn like(err: &Error, msg: String) -> Error {
+    match err {
+        Error::StoreUnavailable(_) => Error::StoreUnavailable(msg),
+        Error::NotActive(_) => Error::NotActive(msg),
+        _ => Error::Store(msg),
     }
 }
 
@@ -99,7 +105,7 @@ impl Ticket {
         let mut r = slot.result.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(r) = r.take() {
-                return r.map_err(Error::Store);
+                return r;
             }
             r = slot.ready.wait(r).unwrap_or_else(|e| e.into_inner());
         }
@@ -195,11 +201,12 @@ impl Committer {
                     }
                     drop(st);
                     for e in batch {
-                        e.done.finish(Err(msg.clone()));
+                        e.done.finish(Err(like(&err, msg.clone())));
                     }
                     for e in behind {
-                        e.done.finish(Err(format!(
-                            "an earlier change could not be stored ({msg}); try again"
+                        e.done.finish(Err(like(
+                            &err,
+                            format!("an earlier change could not be stored ({msg}); try again"),
                         )));
                     }
                 }
@@ -302,7 +309,7 @@ impl Farm {
         match &st.commits {
             Some(tx) if tx.send(entry).is_ok() => Ticket(Some(done)),
             _ => {
-                done.finish(Err("the coordinator is shutting down".into()));
+                done.finish(Err(Error::Store("the coordinator is shutting down".into())));
                 Ticket(Some(done))
             }
         }

@@ -1,9 +1,11 @@
-//! What a standby coordinator serves while it waits for the lock: every gRPC
+//! What a standby coordinator serves while it waits to take over: every gRPC
 //! call is answered `Unavailable` with the words "this coordinator is
 //! standby; the active one is ..." and the metadata `tessera-role: standby`
 //! (clients read that field, never the words, to move on to the next
-//! address); the HTTP port serves `/metrics` with the role and answers
-//! anything else 503 with the same words.
+//! address); the HTTP port serves `/metrics` with the role and whether
+//! PostgreSQL answers (`tessera_store_up`), and answers anything else 503
+//! with the same words. While PostgreSQL is unreachable the words say so:
+//! "store: PostgreSQL at … unreachable since …".
 //!
 //! The standby serves on duplicates of the coordinator's listening sockets
 //! and stops when it takes over; the active server then accepts on the
@@ -20,8 +22,9 @@ use tokio::net::TcpListener;
 use tonic::body::Body;
 use tonic::codegen::http;
 
-use super::Election;
+use super::{Attempt, Election, Term};
 use crate::error::Error;
+use crate::store::StoreHealth;
 
 /// The response metadata that marks a standby's refusal.
 pub const ROLE_HEADER: &str = "tessera-role";
@@ -29,14 +32,39 @@ pub const ROLE_HEADER: &str = "tessera-role";
 /// What a standby tells callers now (refreshed from the leader row).
 type Message = Arc<RwLock<String>>;
 
-fn refusal(msg: &Message) -> http::Response<Body> {
-    let text = msg.read().unwrap_or_else(|e| e.into_inner()).clone();
+/// A standby's refusal of a gRPC call: `Unavailable`, marked
+/// `tessera-role: standby` so that clients move on to the next address.
+pub fn refusal_status(text: impl Into<String>) -> tonic::Status {
     let mut status = tonic::Status::unavailable(text);
     status.metadata_mut().insert(
         ROLE_HEADER,
         tonic::metadata::MetadataValue::from_static("standby"),
     );
-    status.into_http()
+    status
+}
+
+fn refusal(msg: &Message) -> http::Response<Body> {
+    let text = msg.read().unwrap_or_else(|e| e.into_inner()).clone();
+    refusal_status(text).into_http()
+}
+
+/// A standby's answer on the HTTP port: 503 with the words and the role.
+pub fn http_refusal(text: String) -> axum::response::Response {
+    use axum::http::{header, StatusCode};
+    use axum::response::IntoResponse;
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [
+            (ROLE_HEADER, "standby"),
+            (header::CONTENT_TYPE.as_str(), "application/json"),
+        ],
+        serde_json::json!({
+            "error": text,
+            "hint": "use the active coordinator",
+        })
+        .to_string(),
+    )
+        .into_response()
 }
 
 macro_rules! refusing_service {
@@ -76,45 +104,44 @@ fn duplicate(l: &std::net::TcpListener) -> Result<TcpListener, Error> {
         .map_err(|e| Error::io("cannot share the listening socket".into(), e))
 }
 
-/// The standby's HTTP routes: the role at `/metrics`, 503 elsewhere.
-fn http_app(msg: Message) -> axum::Router {
-    use axum::http::{header, StatusCode};
-    use axum::response::IntoResponse;
+/// The standby's HTTP routes: the role and the store's health at
+/// `/metrics`, 503 elsewhere.
+fn http_app(msg: Message, health: StoreHealth) -> axum::Router {
+    use axum::http::header;
     axum::Router::new()
         .route(
             "/metrics",
-            axum::routing::get(|| async {
-                (
-                    [(
-                        header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
-                    crate::metrics::role(false),
-                )
+            axum::routing::get(move || {
+                let body = crate::metrics::role(false) + &health.metrics();
+                async move {
+                    (
+                        [(
+                            header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        body,
+                    )
+                }
             }),
         )
         .fallback(move || {
             let text = msg.read().unwrap_or_else(|e| e.into_inner()).clone();
-            async move {
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    [
-                        (ROLE_HEADER, "standby"),
-                        (header::CONTENT_TYPE.as_str(), "application/json"),
-                    ],
-                    serde_json::json!({
-                        "error": text,
-                        "hint": "use the active coordinator",
-                    })
-                    .to_string(),
-                )
-                    .into_response()
-            }
+            async move { http_refusal(text) }
         })
 }
 
+/// What a standby says now: who is active, or that PostgreSQL is out of reach.
+async fn look(election: &Election) -> Result<Attempt, String> {
+    election
+        .try_take_over()
+        .await
+        .map_err(|e| election.unreachable_message(&e))
+}
+
 /// Serves as a standby on duplicates of `grpc` and `http` until this
-/// coordinator takes the lock (true) or `shutdown` resolves (false).
+/// coordinator takes over (its term) or `shutdown` resolves (None).
+/// PostgreSQL being out of reach is no reason to stop: the standby says so
+/// and keeps trying.
 pub async fn serve_until_active(
     election: &Election,
     grpc: &std::net::TcpListener,
@@ -122,8 +149,9 @@ pub async fn serve_until_active(
     tls: Option<&(Vec<u8>, Vec<u8>)>,
     limits: crate::connections::ConnectionLimits,
     shutdown: impl Future<Output = ()>,
-) -> Result<bool, Error> {
-    let msg: Message = Arc::new(RwLock::new(election.leader().await?.standby_message()));
+    first: String,
+) -> Result<Option<Term>, Error> {
+    let msg: Message = Arc::new(RwLock::new(first));
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let wait_stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
@@ -154,7 +182,7 @@ pub async fn serve_until_active(
     let http_task = match http {
         Some(l) => {
             let listener = duplicate(l)?;
-            let app = http_app(msg.clone());
+            let app = http_app(msg.clone(), election.health().clone());
             let done = wait_stop(stopped.clone());
             let tls = tls
                 .map(|(cert, key)| crate::api::tls::acceptor(cert, key))
@@ -170,25 +198,21 @@ pub async fn serve_until_active(
     let mut last = String::new();
     let outcome = loop {
         tokio::select! {
-            _ = &mut shutdown => break Ok(false),
-            _ = election.lost() => break Err(Error::Store(
-                "lost the connection to PostgreSQL while standby; check the server and restart this coordinator".into(),
-            )),
-            _ = tokio::time::sleep(election.poll) => {}
+            _ = &mut shutdown => break None,
+            _ = tokio::time::sleep(election.timing.poll) => {}
         }
-        match election.try_acquire().await {
-            Ok(true) => break Ok(true),
-            Ok(false) => {}
-            Err(e) => break Err(e),
-        }
-        if let Ok(leader) = election.leader().await {
-            let text = leader.standby_message();
-            if text != last {
-                tracing::info!(active = %leader.url, holder = %leader.holder, epoch = leader.epoch, "standby");
-                last = text.clone();
+        let text = match look(election).await {
+            Ok(Attempt::Won(term)) => break Some(term),
+            Ok(Attempt::Standby(leader)) => {
+                if leader.standby_message() != last {
+                    tracing::info!(active = %leader.url, holder = %leader.holder, epoch = leader.epoch, expired = leader.expired, "standby");
+                }
+                leader.standby_message()
             }
-            *msg.write().unwrap_or_else(|e| e.into_inner()) = text;
-        }
+            Err(text) => text,
+        };
+        last = text.clone();
+        *msg.write().unwrap_or_else(|e| e.into_inner()) = text;
     };
     let _ = stop.send(true);
     // Connections to the standby are told to go away; clients reconnect
@@ -202,5 +226,15 @@ pub async fn serve_until_active(
             abort.abort();
         }
     }
-    outcome
+    Ok(outcome)
+}
+
+/// The first words of a standby, and the term when this coordinator can
+/// take over at once.
+pub async fn first_look(election: &Election) -> Result<Term, String> {
+    match look(election).await {
+        Ok(Attempt::Won(term)) => Ok(term),
+        Ok(Attempt::Standby(leader)) => Err(leader.standby_message()),
+        Err(text) => Err(text),
+    }
 }

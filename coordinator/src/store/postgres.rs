@@ -8,12 +8,25 @@
 //! thousands of changes costs a handful of round trips and one WAL flush.
 //!
 //! **Fencing.** With several coordinators on one database (active and
-//! standby, see [`crate::ha`]), the active one sets its leadership epoch
-//! ([`PgStore::fence`]); every batch first reads the leader row `FOR SHARE`
-//! and writes nothing unless the epoch is still its own. A standby taking
-//! over bumps the epoch with an `UPDATE` of that row, which waits for any
-//! batch in flight; so a deposed coordinator can never write again, and the
-//! new one reads every batch the old one committed.
+//! standby, see [`crate::ha`]), the active one writes through a handle
+//! fenced by its leadership epoch and lease ([`PgStore::fenced`]); every
+//! batch first reads the leader row `FOR SHARE` and writes nothing unless
+//! the epoch is still its own and its lease has not expired on the server's
+//! clock. A standby taking over bumps the epoch with an `UPDATE` of that
+//! row, which waits for any batch in flight; so a deposed coordinator can
+//! never write again, and the new one reads every batch the old one
+//! committed. The handle also refuses every call once the lease lapsed on
+//! this machine's clock, and abandons a call in flight when it does.
+//!
+//! **Deadlines.** Every call has one (`--failover-seconds`, or
+//! [`DEFAULT_DEADLINE`]; reading the whole state at a takeover gets at
+//! least two minutes): the client gives up, and the server enforces the
+//! same bound with `statement_timeout`, `lock_timeout` and
+//! `idle_in_transaction_session_timeout`, so a session whose client went
+//! silent mid-transaction releases its locks. A connection abandoned at a
+//! deadline is closed, never reused. An unreachable or silent server is
+//! [`Error::StoreUnavailable`], naming PostgreSQL and what to check;
+//! [`StoreHealth`] keeps since when, for `/metrics` and the standby's words.
 //!
 //! **Claiming tasks.** The issue sketches claiming tasks with `SELECT ... FOR
 //! UPDATE SKIP LOCKED`. That suits many schedulers sharing a table. Here one
@@ -29,15 +42,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use deadpool_postgres::{Manager, Pool};
 
-use super::{ArchivedJob, MetaStore, Record, Snapshot};
+use super::{ArchivedJob, MetaStore, Record, Snapshot, StoreHealth};
 use crate::auth::UserRecord;
 use crate::digest::Digest;
 use crate::error::Error;
+use crate::ha::lease::Lease;
 use crate::job::{Job, JobId};
 use crate::task::{FrameOutput, Task};
 use crate::worker::WorkerRecord;
@@ -47,22 +61,75 @@ mod migrate;
 /// No epoch set: this store does not fence its writes (one coordinator, or tests).
 const UNFENCED: i64 = -1;
 
-/// Metadata in a PostgreSQL database.
+/// How long one store call may take when not told otherwise.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
+
+/// How long reading the whole state (at a takeover) may take, at least.
+const LOAD_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Metadata in a PostgreSQL database. Every call has a deadline: the
+/// client gives up after it, and the server cancels a statement that runs
+/// longer (`statement_timeout`) and ends a session left idle inside a
+/// transaction (`idle_in_transaction_session_timeout`), releasing its locks.
 pub struct PgStore {
+    shared: Arc<Shared>,
+    /// The leadership epoch every batch must still hold, or [`UNFENCED`].
+    epoch: i64,
+    /// The leadership this handle writes under: calls are refused once it
+    /// lapses, and abandoned when it lapses mid-way.
+    lease: Option<Lease>,
+}
+
+/// What the handles of one store share.
+struct Shared {
     pool: Pool,
     /// The runtime tokio-postgres runs on (shut down in the background on drop).
     runtime: Option<tokio::runtime::Runtime>,
-    /// The leadership epoch every batch must still hold, or [`UNFENCED`].
-    epoch: Arc<AtomicI64>,
     /// Where the database is, for messages (no password).
     target: String,
+    /// How long one call may take.
+    deadline: Duration,
+    health: StoreHealth,
 }
 
-/// A PostgreSQL error in words: the server's message when it sent one.
-pub(crate) fn pg_error(what: &str, e: tokio_postgres::Error) -> Error {
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Dropping a runtime blocks, which an async caller may not do.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// What to check when PostgreSQL does not answer.
+pub(crate) const CHECK_SERVER: &str =
+    "check that the PostgreSQL server runs and that this coordinator reaches it, then try again";
+
+/// Whether an error means the server is out of reach (or going away),
+/// rather than an answer to the statement.
+fn unreachable(e: &tokio_postgres::Error) -> bool {
     match e.as_db_error() {
-        Some(db) => Error::Store(format!("{what}: {} ({})", db.message(), db.code().code())),
-        None => Error::Store(format!("{what}: {e}")),
+        // Connection exceptions (08), and operator intervention (57):
+        // shutting down, starting up, cancelled by statement_timeout.
+        Some(db) => matches!(&db.code().code()[..2], "08" | "57"),
+        None => true,
+    }
+}
+
+/// A PostgreSQL error in words: the server's message when it sent one. An
+/// unreachable server gives [`Error::StoreUnavailable`], naming PostgreSQL
+/// and what to check.
+pub(crate) fn pg_error(what: &str, e: tokio_postgres::Error) -> Error {
+    let words = match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
+    };
+    if unreachable(&e) {
+        Error::StoreUnavailable(format!(
+            "{what}: PostgreSQL did not answer ({words}); {CHECK_SERVER}"
+        ))
+    } else {
+        Error::Store(format!("{what}: {words}"))
     }
 }
 
@@ -90,17 +157,58 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+/// `PostgreSQL at HOST:PORT/DB`, for messages and the status line.
+pub fn describe(url: &str) -> String {
+    let shown = redact(url);
+    let bare = shown
+        .split_once("://")
+        .map_or(shown.as_str(), |(_, rest)| rest);
+    let bare = bare.rsplit_once('@').map_or(bare, |(_, host)| host);
+    format!("PostgreSQL at {}", bare.split('?').next().unwrap_or(bare))
+}
+
+/// Sets the deadlines and the session's name on a connection's settings:
+/// the server enforces them even when this client is cut off.
+pub(crate) fn session_settings(
+    config: &mut tokio_postgres::Config,
+    name: &str,
+    deadline: Duration,
+) {
+    let ms = deadline.as_millis().max(1);
+    let mine = format!(
+        "-c statement_timeout={ms} -c idle_in_transaction_session_timeout={ms} -c lock_timeout={ms}"
+    );
+    let options = match config.get_options() {
+        Some(o) => format!("{o} {mine}"),
+        None => mine,
+    };
+    config
+        .options(&options)
+        .application_name(name)
+        .connect_timeout(deadline)
+        .keepalives(true)
+        .keepalives_idle(deadline.max(Duration::from_secs(1)));
+}
+
 impl PgStore {
     /// Connects to `url` and applies the schema migrations this version
-    /// knows that the database lacks.
+    /// knows that the database lacks; calls have [`DEFAULT_DEADLINE`].
     pub fn open(url: &str) -> Result<Self, Error> {
+        Self::open_as(url, "tessera", DEFAULT_DEADLINE)
+    }
+
+    /// Like [`PgStore::open`], with sessions named `name` (PostgreSQL's
+    /// `application_name`, by which a coordinator taking over finds and
+    /// ends a deposed one's sessions) and calls bounded by `deadline`.
+    pub fn open_as(url: &str, name: &str, deadline: Duration) -> Result<Self, Error> {
         let mut config = parse_url(url)?;
+        session_settings(&mut config, name, deadline);
         // Durable before acknowledged, whatever the server's default: set
         // once per connection, at its start.
-        let options = match config.get_options() {
-            Some(o) => format!("{o} -c synchronous_commit=on"),
-            None => "-c synchronous_commit=on".to_string(),
-        };
+        let options = format!(
+            "{} -c synchronous_commit=on",
+            config.get_options().unwrap_or_default()
+        );
         config.options(&options);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -110,69 +218,177 @@ impl PgStore {
             .map_err(|e| Error::io("cannot start the PostgreSQL client runtime".into(), e))?;
         let pool = Pool::builder(Manager::new(config, tokio_postgres::NoTls))
             .max_size(8)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(deadline))
+            .create_timeout(Some(deadline))
+            .recycle_timeout(Some(deadline))
             .build()
             .map_err(|e| Error::Store(format!("cannot make a connection pool: {e}")))?;
         let store = Self {
-            pool,
-            runtime: Some(runtime),
-            epoch: Arc::new(AtomicI64::new(UNFENCED)),
-            target: redact(url),
+            shared: Arc::new(Shared {
+                pool,
+                runtime: Some(runtime),
+                target: redact(url),
+                deadline,
+                health: StoreHealth::new(describe(url)),
+            }),
+            epoch: UNFENCED,
+            lease: None,
         };
-        let pool = store.pool.clone();
-        let target = store.target.clone();
-        store.run(async move {
-            let mut client = connect(&pool, &target).await?;
-            migrate::apply(&mut client).await
+        let pool = store.shared.pool.clone();
+        let target = store.shared.target.clone();
+        store.run("apply the schema migrations", deadline, async move {
+            let mut client = Conn::get(&pool, &target).await?;
+            migrate::apply(&mut client).await?;
+            client.keep();
+            Ok(())
         })?;
         Ok(store)
     }
 
-    /// From now on every batch must hold leadership `epoch` (see [`crate::ha`]).
-    pub fn fence(&self, epoch: i64) {
-        self.epoch.store(epoch, Ordering::SeqCst);
+    /// A handle on the same database whose every batch must still hold
+    /// leadership `epoch` (see [`crate::ha`]), and which refuses every call
+    /// once `lease` lapses.
+    pub fn fenced(&self, epoch: i64, lease: Lease) -> PgStore {
+        PgStore {
+            shared: self.shared.clone(),
+            epoch,
+            lease: Some(lease),
+        }
     }
 
-    /// Runs `fut` on the store's runtime and waits for it from any thread.
+    /// Whether the database answers (shared with the election's calls).
+    pub fn health_handle(&self) -> StoreHealth {
+        self.shared.health.clone()
+    }
+
+    /// Runs `fut` on the store's runtime and waits for it from any thread,
+    /// for at most `deadline` (and never past the lease's end).
     fn run<T: Send + 'static>(
         &self,
+        what: &str,
+        deadline: Duration,
         fut: impl Future<Output = Result<T, Error>> + Send + 'static,
     ) -> Result<T, Error> {
         let runtime = self
+            .shared
             .runtime
             .as_ref()
             .ok_or_else(|| Error::Store("the PostgreSQL store is closed".into()))?;
+        if let Some(lease) = &self.lease {
+            if !lease.valid() {
+                return Err(lapsed(what));
+            }
+        }
+        let lease = self.lease.clone();
+        let shared = self.shared.clone();
+        let what = what.to_string();
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         runtime.spawn(async move {
-            let _ = tx.send(fut.await);
+            let timed = async {
+                match tokio::time::timeout(deadline, fut).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Error::StoreUnavailable(format!(
+                        "cannot {what}: {} did not answer within {}; {CHECK_SERVER}",
+                        shared.health_name(),
+                        seconds(deadline)
+                    ))),
+                }
+            };
+            let r = match &lease {
+                Some(l) => tokio::select! {
+                    r = timed => r,
+                    _ = l.lapsed() => Err(lapsed(&what)),
+                },
+                None => timed.await,
+            };
+            match &r {
+                Err(Error::StoreUnavailable(m)) => shared.health.failed(m),
+                Err(Error::NotActive(_)) => {}
+                _ => shared.health.answered(),
+            }
+            let _ = tx.send(r);
         });
         rx.recv()
             .map_err(|_| Error::Store("the PostgreSQL client stopped".into()))?
     }
 }
 
-impl Drop for PgStore {
-    fn drop(&mut self) {
-        // Dropping a runtime blocks, which an async caller may not do.
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_background();
-        }
+impl Shared {
+    fn health_name(&self) -> String {
+        describe(&self.target)
     }
 }
 
-/// A pooled connection, or an error that says where and what to check.
-async fn connect(pool: &Pool, target: &str) -> Result<deadpool_postgres::Object, Error> {
-    pool.get().await.map_err(|e| {
-        let detail = match &e {
-            deadpool_postgres::PoolError::Backend(b) => match b.as_db_error() {
-                Some(db) => db.message().to_string(),
-                None => format!("{b}"),
-            },
-            other => other.to_string(),
-        };
-        Error::Store(format!(
-            "cannot connect to PostgreSQL at {target}: {detail}; check that the server runs and that --store (or $TESSERA_STORE) names its host, port, user and database"
-        ))
-    })
+/// A duration in words: `3 s`, `1.5 s`.
+fn seconds(d: Duration) -> String {
+    format!("{} s", (d.as_secs_f64() * 10.0).round() / 10.0)
+}
+
+/// The refusal of a call whose leadership lapsed.
+fn lapsed(what: &str) -> Error {
+    Error::NotActive(format!(
+        "cannot {what}: this coordinator's leadership lapsed (PostgreSQL did not confirm it in time), so it no longer acts as the active coordinator; nothing was stored; use the active coordinator"
+    ))
+}
+
+/// A pooled connection that goes back to the pool only when [`Conn::keep`]
+/// says its call finished: one abandoned mid-way (a deadline, an error) may
+/// be stuck behind a silent network, so it is closed instead.
+struct Conn(Option<deadpool_postgres::Object>, bool);
+
+impl Conn {
+    /// A connection, or an error that says where and what to check.
+    async fn get(pool: &Pool, target: &str) -> Result<Conn, Error> {
+        let object = pool.get().await.map_err(|e| {
+            let (detail, down) = match &e {
+                deadpool_postgres::PoolError::Backend(b) => (
+                    match b.as_db_error() {
+                        Some(db) => db.message().to_string(),
+                        None => format!("{b}"),
+                    },
+                    unreachable(b),
+                ),
+                other => (other.to_string(), true),
+            };
+            let msg = format!(
+                "cannot connect to PostgreSQL at {target}: {detail}; check that the server runs and that --store (or $TESSERA_STORE) names its host, port, user and database"
+            );
+            if down {
+                Error::StoreUnavailable(msg)
+            } else {
+                Error::Store(msg)
+            }
+        })?;
+        Ok(Conn(Some(object), false))
+    }
+
+    /// The call finished: the connection may serve the next one.
+    fn keep(&mut self) {
+        self.1 = true;
+    }
+}
+
+impl std::ops::Deref for Conn {
+    type Target = deadpool_postgres::Object;
+    fn deref(&self) -> &Self::Target {
+        self.0.as_ref().expect("a connection until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        self.0.as_mut().expect("a connection until dropped")
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let (Some(object), false) = (self.0.take(), self.1) {
+            // Out of the pool, and closed.
+            drop(deadpool_postgres::Object::take(object));
+        }
+    }
 }
 
 /// A batch as rows: per table, the last value written for each key (None
@@ -281,13 +497,16 @@ async fn exec(
 }
 
 /// Checks inside the batch's transaction that this coordinator is still the
-/// active one (the row lock makes a takeover wait for this batch).
+/// active one: the epoch is its own and its lease has not expired on the
+/// server's clock (the row lock makes a takeover wait for this batch).
 async fn check_epoch(tx: &deadpool_postgres::Transaction<'_>, epoch: i64) -> Result<(), Error> {
     if epoch == UNFENCED {
         return Ok(());
     }
     let st = tx
-        .prepare_cached("SELECT epoch, url FROM tessera_leader WHERE id = 1 FOR SHARE")
+        .prepare_cached(
+            "SELECT epoch, url, expires_at > now() FROM tessera_leader WHERE id = 1 FOR SHARE",
+        )
         .await
         .map_err(|err| pg_error("cannot prepare to read the leader row", err))?;
     let row = tx
@@ -297,9 +516,14 @@ async fn check_epoch(tx: &deadpool_postgres::Transaction<'_>, epoch: i64) -> Res
     let now: i64 = row.get(0);
     if now != epoch {
         let url: String = row.get(1);
-        return Err(Error::Store(format!(
-            "this coordinator is no longer active (another one took over: epoch {now}, at {url}); nothing was written"
+        return Err(Error::NotActive(format!(
+            "this coordinator is no longer active (another one took over: epoch {now}, at {url}); nothing was written; use the active coordinator"
         )));
+    }
+    if !row.get::<_, bool>(2) {
+        return Err(Error::NotActive(
+            "this coordinator's leadership expired on PostgreSQL before it was renewed; nothing was written; use the active coordinator".into(),
+        ));
     }
     Ok(())
 }
@@ -520,10 +744,11 @@ async fn load_all(client: &tokio_postgres::Transaction<'_>) -> Result<Snapshot, 
 
 impl MetaStore for PgStore {
     fn load(&self) -> Result<Snapshot, Error> {
-        let pool = self.pool.clone();
-        let target = self.target.clone();
-        self.run(async move {
-            let mut client = connect(&pool, &target).await?;
+        let pool = self.shared.pool.clone();
+        let target = self.shared.target.clone();
+        let deadline = LOAD_DEADLINE.max(self.shared.deadline);
+        let loaded = self.run("read the state", deadline, async move {
+            let mut client = Conn::get(&pool, &target).await?;
             // Every table read in one consistent snapshot.
             let tx = client
                 .build_transaction()
@@ -532,30 +757,51 @@ impl MetaStore for PgStore {
                 .start()
                 .await
                 .map_err(|e| pg_error("cannot begin a read", e))?;
+            // A large farm's state takes longer to read than one write, and
+            // parsing one table's rows leaves the session idle for a while.
+            let ms = deadline.as_millis();
+            tx.batch_execute(&format!(
+                "SET LOCAL statement_timeout = {ms}; SET LOCAL idle_in_transaction_session_timeout = {ms}"
+            ))
+            .await
+            .map_err(|e| pg_error("cannot begin a read", e))?;
             let snap = load_all(&tx).await?;
             tx.commit()
                 .await
                 .map_err(|e| pg_error("cannot end a read", e))?;
+            client.keep();
             Ok(snap)
-        })
+        });
+        if let (Err(e), Some(lease)) = (&loaded, &self.lease) {
+            // A coordinator that cannot read its state back (after a failed
+            // write, or at a takeover) cannot trust what it holds in memory:
+            // it steps down, and reads everything again when it next takes over.
+            if lease.valid() {
+                tracing::error!("cannot read the state back from PostgreSQL; stepping down: {e}");
+            }
+            lease.revoke();
+        }
+        loaded
     }
 
     fn write(&self, records: &[Record<'_>]) -> Result<(), Error> {
         let rows = Rows::of(records)?;
-        let pool = self.pool.clone();
-        let target = self.target.clone();
-        let epoch = self.epoch.load(Ordering::SeqCst);
-        self.run(async move {
-            let mut client = connect(&pool, &target).await?;
-            write_rows(&mut client, rows, epoch).await
+        let pool = self.shared.pool.clone();
+        let target = self.shared.target.clone();
+        let epoch = self.epoch;
+        self.run("store a change", self.shared.deadline, async move {
+            let mut client = Conn::get(&pool, &target).await?;
+            write_rows(&mut client, rows, epoch).await?;
+            client.keep();
+            Ok(())
         })
     }
 
     fn load_archived(&self, job: JobId) -> Result<Option<ArchivedJob>, Error> {
-        let pool = self.pool.clone();
-        let target = self.target.clone();
-        self.run(async move {
-            let client = connect(&pool, &target).await?;
+        let pool = self.shared.pool.clone();
+        let target = self.shared.target.clone();
+        self.run("read an archived job", self.shared.deadline, async move {
+            let mut client = Conn::get(&pool, &target).await?;
             let row = client
                 .query_opt(
                     "SELECT body::text FROM tessera_archive WHERE id = $1",
@@ -563,34 +809,40 @@ impl MetaStore for PgStore {
                 )
                 .await
                 .map_err(|e| pg_error("cannot read an archived job", e))?;
+            client.keep();
             row.map(|r| parse(r.get(0))).transpose()
         })
     }
 
     fn archived_outputs(&self, job: JobId) -> Result<Vec<FrameOutput>, Error> {
-        let pool = self.pool.clone();
-        let target = self.target.clone();
-        self.run(async move {
-            let client = connect(&pool, &target).await?;
-            let row = client
-                .query_opt(
-                    "SELECT outputs::text FROM tessera_archive WHERE id = $1",
-                    &[&id(job)],
-                )
-                .await
-                .map_err(|e| pg_error("cannot read an archived job's outputs", e))?;
-            match row {
-                Some(r) => parse(r.get(0)),
-                None => Ok(Vec::new()),
-            }
-        })
+        let pool = self.shared.pool.clone();
+        let target = self.shared.target.clone();
+        self.run(
+            "read an archived job's outputs",
+            self.shared.deadline,
+            async move {
+                let mut client = Conn::get(&pool, &target).await?;
+                let row = client
+                    .query_opt(
+                        "SELECT outputs::text FROM tessera_archive WHERE id = $1",
+                        &[&id(job)],
+                    )
+                    .await
+                    .map_err(|e| pg_error("cannot read an archived job's outputs", e))?;
+                client.keep();
+                match row {
+                    Some(r) => parse(r.get(0)),
+                    None => Ok(Vec::new()),
+                }
+            },
+        )
     }
 
     fn purge_tasks(&self, job: JobId) -> Result<(), Error> {
-        let pool = self.pool.clone();
-        let target = self.target.clone();
-        self.run(async move {
-            let client = connect(&pool, &target).await?;
+        let pool = self.shared.pool.clone();
+        let target = self.shared.target.clone();
+        self.run("purge tasks", self.shared.deadline, async move {
+            let mut client = Conn::get(&pool, &target).await?;
             let n = client
                 .execute("DELETE FROM tessera_tasks WHERE job = $1", &[&id(job)])
                 .await
@@ -599,8 +851,13 @@ impl MetaStore for PgStore {
                 .execute("DELETE FROM tessera_stitched WHERE job = $1", &[&id(job)])
                 .await
                 .map_err(|e| pg_error("cannot purge stitched frames", e))?;
+            client.keep();
             tracing::debug!(job = %job, tasks = n, "task records purged");
             Ok(())
         })
+    }
+
+    fn health(&self) -> Option<StoreHealth> {
+        Some(self.shared.health.clone())
     }
 }

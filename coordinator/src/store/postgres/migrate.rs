@@ -12,8 +12,14 @@ use crate::error::Error;
 use super::pg_error;
 
 /// Every migration this version knows: (version, name, SQL), in order.
-const MIGRATIONS: &[(i32, &str, &str)] =
-    &[(1, "initial", include_str!("../migrations/001_initial.sql"))];
+const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "initial", include_str!("../migrations/001_initial.sql")),
+    (
+        2,
+        "leader lease",
+        include_str!("../migrations/002_leader_lease.sql"),
+    ),
+];
 
 /// The advisory lock key that serialises migrations ("tessmigr").
 const LOCK: i64 = 0x7465_7373_6d69_6772;

@@ -1,0 +1,196 @@
+//! A real TCP forwarding proxy for network-fault tests.
+//!
+//! [`SilentProxy`] listens on a loopback port and forwards every connection
+//! to a target, byte for byte, both ways. [`SilentProxy::black_hole`] makes
+//! it stop forwarding in both directions while keeping every connection
+//! open on both sides: the peers see a silent network (their writes are
+//! accepted by the proxy's kernel, nothing comes back, no reset, no FIN),
+//! as with a partition that drops packets. [`SilentProxy::restore`]
+//! forwards again; bytes held back meanwhile are then delivered, as TCP
+//! would retransmit them after a partition heals.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+
+/// Whether bytes flow; pumps wait on the condvar while they do not.
+struct Switch {
+    silent: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl Switch {
+    /// Blocks while the proxy is a black hole.
+    fn wait_open(&self) {
+        let mut silent = self.silent.lock().unwrap_or_else(|e| e.into_inner());
+        while *silent {
+            silent = self.changed.wait(silent).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// A TCP proxy to one target, with a switch that silences it.
+pub struct SilentProxy {
+    port: u16,
+    switch: Arc<Switch>,
+    stop: Arc<AtomicBool>,
+    /// Both ends of every connection, closed when the proxy is dropped.
+    streams: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl SilentProxy {
+    /// Forwards `127.0.0.1:<port>` to `target` (`HOST:PORT`).
+    pub fn start(target: &str) -> std::io::Result<SilentProxy> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let switch = Arc::new(Switch {
+            silent: Mutex::new(false),
+            changed: Condvar::new(),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let streams = Arc::new(Mutex::new(Vec::new()));
+        let (sw, st, all, target) = (
+            switch.clone(),
+            stop.clone(),
+            streams.clone(),
+            target.to_string(),
+        );
+        thread::spawn(move || {
+            for client in listener.incoming() {
+                if st.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                let Ok(server) = TcpStream::connect(&target) else {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                {
+                    let mut all = all.lock().unwrap_or_else(|e| e.into_inner());
+                    for s in [&client, &server] {
+                        if let Ok(s) = s.try_clone() {
+                            all.push(s);
+                        }
+                    }
+                }
+                for (from, to) in [(&client, &server), (&server, &client)] {
+                    let (Ok(from), Ok(to)) = (from.try_clone(), to.try_clone()) else {
+                        continue;
+                    };
+                    let sw = sw.clone();
+                    thread::spawn(move || pump(from, to, &sw));
+                }
+            }
+        });
+        Ok(SilentProxy {
+            port,
+            switch,
+            stop,
+            streams,
+        })
+    }
+
+    /// The port it listens on (loopback).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Stops forwarding in both directions; every connection stays open.
+    pub fn black_hole(&self) {
+        *self.switch.silent.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.switch.changed.notify_all();
+    }
+
+    /// Forwards again, delivering what was held back.
+    pub fn restore(&self) {
+        *self.switch.silent.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        self.switch.changed.notify_all();
+    }
+}
+
+/// Copies `from` to `to` while the switch is open; a chunk read just as
+/// the switch closes is held until it opens again. Ends when either side
+/// closes, closing the other.
+fn pump(mut from: TcpStream, mut to: TcpStream, switch: &Switch) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        switch.wait_open();
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        switch.wait_open();
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Both);
+    let _ = from.shutdown(Shutdown::Both);
+}
+
+impl Drop for SilentProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wakes the accept loop so that it sees the stop.
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        for s in self
+            .streams
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        self.restore();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn forwards_goes_silent_and_forwards_again() {
+        // An echo server.
+        let echo = TcpListener::bind("127.0.0.1:0").unwrap();
+        let target = echo.local_addr().unwrap().to_string();
+        thread::spawn(move || {
+            for s in echo.incoming().flatten() {
+                thread::spawn(move || {
+                    let mut r = s.try_clone().unwrap();
+                    let mut w = s;
+                    let _ = std::io::copy(&mut r, &mut w);
+                });
+            }
+        });
+        let proxy = SilentProxy::start(&target).unwrap();
+        let mut c = TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut buf = [0u8; 5];
+        c.write_all(b"hello").unwrap();
+        c.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"hello");
+
+        proxy.black_hole();
+        c.write_all(b"quiet").unwrap();
+        let err = c.read(&mut buf).unwrap_err();
+        assert!(
+            matches!(
+                err.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "silence, not a close: {err}"
+        );
+
+        proxy.restore();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.read_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"quiet", "held bytes arrive once restored");
+    }
+}
