@@ -17,6 +17,7 @@ pub mod http;
 pub mod load;
 pub mod postgres;
 pub mod s3;
+pub mod tmpfs;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
