@@ -326,6 +326,11 @@ struct CoordinatorArgs {
     /// Largest upload accepted, in MiB.
     #[arg(long, default_value_t = 8192)]
     max_upload_mib: u64,
+    /// MiB kept free on the volumes of --data and --blobs: a write that would
+    /// leave less is refused, saying so, so a filling disk never breaks the
+    /// metadata store.
+    #[arg(long, default_value_t = 64)]
+    min_free_mib: u64,
     /// Most tiles in one frame.
     #[arg(long, default_value_t = 256)]
     max_tiles: u32,

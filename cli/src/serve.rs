@@ -17,6 +17,8 @@ pub fn coordinator_config(a: &CoordinatorArgs) -> Result<tessera_coordinator::Co
             a.lease_ttl
         );
     }
+    // Read by the stores this process opens (see `space`).
+    tessera_coordinator::space::set_min_free(a.min_free_mib.saturating_mul(1 << 20));
     Ok(tessera_coordinator::Config {
         lease_ttl_ms: (a.lease_ttl * 1000.0) as u64,
         max_frames: a.max_frames,

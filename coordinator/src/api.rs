@@ -182,6 +182,14 @@ impl ApiError {
 impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
         let (status, fallback) = match &e {
+            Error::NoSpace(_) => (
+                StatusCode::INSUFFICIENT_STORAGE,
+                "free space on the coordinator's volume, then try again",
+            ),
+            Error::Unavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "try again in a little while",
+            ),
             Error::Invalid(_) => (StatusCode::BAD_REQUEST, "fix the request and send it again"),
             Error::NotFound(_) => (
                 StatusCode::NOT_FOUND,

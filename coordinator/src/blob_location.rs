@@ -19,10 +19,9 @@ use crate::s3_blobs::S3BlobStore;
 pub fn open(spec: &str, data_dir: &Path, max_blob: u64) -> Result<Arc<dyn BlobStore>, Error> {
     let spec = spec.trim();
     if spec.is_empty() {
-        return Ok(Arc::new(FsBlobStore::open(
-            &data_dir.join("blobs"),
-            max_blob,
-        )?));
+        return Ok(Arc::new(
+            FsBlobStore::open(&data_dir.join("blobs"), max_blob)?.in_data_dir(data_dir),
+        ));
     }
     if spec.starts_with("s3://") {
         return Ok(Arc::new(S3BlobStore::open(spec, max_blob)?));

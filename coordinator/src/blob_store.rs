@@ -3,7 +3,10 @@
 //! [`FsBlobStore`] keeps `DIR/blobs/ab/cdef...`, writing each blob to a
 //! temporary file under `DIR/blobs/tmp/` and renaming it into place, so a crash
 //! never leaves a half-written blob under its address. Every write re-hashes the
-//! bytes and refuses a digest mismatch; the same bytes are stored once.
+//! bytes and refuses a digest mismatch; the same bytes are stored once. A
+//! write that would leave less than [`crate::space::min_free`] on the volume is
+//! refused before any byte is written, and a full disk met mid-write leaves
+//! nothing behind: both say [`Error::NoSpace`], naming the volume.
 //! [`MemoryBlobStore`] is the in-memory twin for unit tests.
 
 use std::collections::HashMap;
@@ -13,6 +16,7 @@ use std::sync::Mutex;
 
 use crate::digest::Digest;
 use crate::error::Error;
+use crate::space::Volume;
 
 #[cfg(any(test, feature = "contract-tests"))]
 pub mod contract;
@@ -55,6 +59,7 @@ pub trait BlobStore: Send + Sync + 'static {
 pub struct FsBlobStore {
     root: PathBuf,
     max_blob: u64,
+    volume: Volume,
 }
 
 impl FsBlobStore {
@@ -72,7 +77,15 @@ impl FsBlobStore {
         Ok(Self {
             root: root.to_path_buf(),
             max_blob,
+            volume: Volume::new(root, "--blobs"),
         })
+    }
+
+    /// Names the volume in messages as `--data (DIR)` (the default place,
+    /// `DIR/blobs`) rather than `--blobs (ROOT)`.
+    pub fn in_data_dir(mut self, data: &Path) -> Self {
+        self.volume = Volume::new(data, "--data");
+        self
     }
 
     /// The file path of a blob (present or not).
@@ -90,11 +103,20 @@ struct FsWriter {
     hasher: blake3::Hasher,
     file: Option<tempfile::NamedTempFile>,
     final_path: PathBuf,
+    volume: Volume,
+    /// A write failed: the upload can no longer be committed.
+    failed: bool,
 }
 
 impl BlobWriter for FsWriter {
     fn write(&mut self, data: &[u8]) -> Result<(), Error> {
         self.written += data.len() as u64;
+        if self.failed {
+            return Err(Error::Conflict(format!(
+                "the upload of {} failed earlier; send it again",
+                self.claimed
+            )));
+        }
         if self.written > self.claimed_size || self.written > self.max_blob {
             return Err(Error::invalid(format!(
                 "upload of {} is larger than its declared size of {} bytes (limit {} bytes); send the file again",
@@ -103,13 +125,26 @@ impl BlobWriter for FsWriter {
         }
         self.hasher.update(data);
         if let Some(file) = self.file.as_mut() {
-            file.write_all(data)
-                .map_err(|e| Error::io("cannot write to the blob store".into(), e))?;
+            if let Err(e) = file.write_all(data) {
+                // The temporary file goes at once: a full disk gets its
+                // bytes back now, not when the upload ends.
+                self.file = None;
+                self.failed = true;
+                return Err(self
+                    .volume
+                    .write_error(format!("cannot write blob {}", self.claimed), e));
+            }
         }
         Ok(())
     }
 
     fn commit(self: Box<Self>) -> Result<bool, Error> {
+        if self.failed {
+            return Err(Error::Conflict(format!(
+                "the upload of {} failed earlier; send it again",
+                self.claimed
+            )));
+        }
         let got = Digest::from_hasher(&self.hasher);
         if got != self.claimed || self.written != self.claimed_size {
             return Err(Error::invalid(format!(
@@ -120,19 +155,20 @@ impl BlobWriter for FsWriter {
         let Some(file) = self.file else {
             return Ok(true);
         };
+        let volume = &self.volume;
         file.as_file()
             .sync_all()
-            .map_err(|e| Error::io("cannot sync a blob to disk".into(), e))?;
+            .map_err(|e| volume.write_error("cannot sync a blob to disk".into(), e))?;
         let parent = self.final_path.parent().expect("blob path has a parent");
         let new_shard = !parent.is_dir();
         std::fs::create_dir_all(parent)
-            .map_err(|e| Error::io(format!("cannot create {}", parent.display()), e))?;
+            .map_err(|e| volume.write_error(format!("cannot create {}", parent.display()), e))?;
         if new_shard {
             // The shard directory's own entry must reach the disk too.
             sync_dir(parent.parent().expect("shard has a parent"))?;
         }
         file.persist(&self.final_path)
-            .map_err(|e| Error::io("cannot move a blob into place".into(), e.error))?;
+            .map_err(|e| volume.write_error("cannot move a blob into place".into(), e.error))?;
         // A rename is durable only once its directory is: without this, a
         // power cut can lose a blob that was acknowledged.
         sync_dir(parent)?;
@@ -178,9 +214,12 @@ impl BlobStore for FsBlobStore {
         let file = if present {
             None
         } else {
+            self.volume.check(size)?;
             Some(
-                tempfile::NamedTempFile::new_in(self.root.join("tmp"))
-                    .map_err(|e| Error::io("cannot create a temporary blob file".into(), e))?,
+                tempfile::NamedTempFile::new_in(self.root.join("tmp")).map_err(|e| {
+                    self.volume
+                        .write_error("cannot create a temporary blob file".into(), e)
+                })?,
             )
         };
         Ok(Box::new(FsWriter {
@@ -191,6 +230,8 @@ impl BlobStore for FsBlobStore {
             hasher: blake3::Hasher::new(),
             file,
             final_path: self.path(&digest),
+            volume: self.volume.clone(),
+            failed: false,
         }))
     }
 

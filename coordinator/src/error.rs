@@ -42,6 +42,14 @@ pub enum Error {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// A volume the coordinator writes to is full (or would be past its
+    /// reserve); the message names it and the fix. Nothing was stored.
+    #[error("{0}")]
+    NoSpace(String),
+    /// A service the coordinator depends on (the S3 blob store) cannot be
+    /// reached; nothing was stored, and the same call may succeed later.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl Error {

@@ -27,6 +27,10 @@ const MAX_LEASE_WAIT: Duration = Duration::from_secs(30);
 impl From<Error> for Status {
     fn from(e: Error) -> Self {
         match e {
+            // A full volume or an unreachable blob store: the message names
+            // it and what to do; the same call may succeed later.
+            Error::NoSpace(m) => Status::resource_exhausted(m),
+            Error::Unavailable(m) => Status::unavailable(m),
             Error::Invalid(m) => Status::invalid_argument(m),
             Error::NotFound(_) => Status::not_found(e.to_string()),
             Error::Conflict(m) => Status::failed_precondition(m),

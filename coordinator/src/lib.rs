@@ -30,6 +30,7 @@
 //! - [`api`]: the JSON API under `/api/v1/` (with Server-Sent Events) and the
 //!   web dashboard, thin adapters over [`farm::Farm`] like [`grpc`].
 //! - [`server`]: opening a data directory and serving.
+//! - [`space`]: free space on the coordinator's volumes, kept for its metadata.
 //! - [`tiles`]: tile grids, overscan and Blender render borders.
 //! - [`stitch`]: assembling a frame from rendered tiles, pixel for pixel.
 //! - [`limits`]: image size limits (`--max-pixels`), checked before allocating.
@@ -68,6 +69,7 @@ pub mod refs;
 pub mod runtime;
 pub mod s3_blobs;
 pub mod server;
+pub mod space;
 pub mod stitch;
 pub mod store;
 pub mod task;

@@ -62,7 +62,8 @@ fn write_secret(path: &Path, secret: &str) -> Result<(), Error> {
 impl Coordinator {
     /// Opens `data` (creating it): metadata in `data/db`, blobs in `data/blobs`.
     pub fn open(data: &Path, config: Config) -> Result<Self, Error> {
-        let blobs = Arc::new(FsBlobStore::open(&data.join("blobs"), config.max_upload)?);
+        let blobs =
+            Arc::new(FsBlobStore::open(&data.join("blobs"), config.max_upload)?.in_data_dir(data));
         Self::open_with_blobs(data, config, blobs)
     }
 

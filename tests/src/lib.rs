@@ -20,6 +20,7 @@ pub mod load;
 pub mod postgres;
 pub mod proxy;
 pub mod s3;
+pub mod tmpfs;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
