@@ -26,17 +26,26 @@ pub enum Fault {
     /// SIGKILL the active coordinator; the standby takes over; the killed
     /// one comes back as standby.
     KillCoordinator,
+    /// Stop PostgreSQL (`pg_ctl stop -m fast` or `-m immediate`, chosen at
+    /// random) for up to a few seconds, then start it again: the
+    /// coordinators ride it out.
+    RestartDatabase,
 }
 
 impl Fault {
     /// Every fault, in the order `--faults` lists them.
-    pub const ALL: [Fault; 2] = [Fault::KillWorker, Fault::KillCoordinator];
+    pub const ALL: [Fault; 3] = [
+        Fault::KillWorker,
+        Fault::KillCoordinator,
+        Fault::RestartDatabase,
+    ];
 
     /// Its name on the command line and in the report.
     pub fn name(self) -> &'static str {
         match self {
             Fault::KillWorker => "kill-worker",
             Fault::KillCoordinator => "kill-coordinator",
+            Fault::RestartDatabase => "restart-database",
         }
     }
 
@@ -94,7 +103,9 @@ pub struct Report {
     pub window: Duration,
     /// Frames delivered and checked against plain Blender.
     pub frames_exact: u32,
-    /// Tasks in both jobs.
+    /// Jobs submitted (rounds of two).
+    pub jobs: usize,
+    /// Tasks in all jobs.
     pub tasks: usize,
     /// Attempts that ended because their lease expired.
     pub leases_expired: usize,
@@ -123,8 +134,8 @@ impl fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "frames exact: {} (tasks: {})",
-            self.frames_exact, self.tasks
+            "frames exact: {} (jobs: {}, tasks: {})",
+            self.frames_exact, self.jobs, self.tasks
         )?;
         writeln!(f, "leases expired: {}", self.leases_expired)?;
         writeln!(
@@ -321,6 +332,17 @@ impl Farm {
                 *c = Some(again);
                 true
             }
+            Fault::RestartDatabase => {
+                let mode = ["fast", "immediate"][rng.below(2) as usize];
+                self.pg
+                    .stop(mode)
+                    .unwrap_or_else(|e| panic!("PostgreSQL did not stop: {e}"));
+                std::thread::sleep(rng.millis(500, 4000));
+                self.pg
+                    .start_again()
+                    .unwrap_or_else(|e| panic!("PostgreSQL did not start again: {e}"));
+                true
+            }
         }
     }
 
@@ -332,6 +354,29 @@ impl Farm {
 }
 
 const LONG: Duration = Duration::from_secs(60);
+
+/// Submits a job, retrying while no coordinator is active (a fault may
+/// have just been healed).
+fn submit_retrying(url: &str, scene: &Path, args: &[&str]) -> u64 {
+    let mut all = vec!["submit", scene.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let deadline = Instant::now() + LONG;
+    loop {
+        let out = cli(url, &all);
+        if out.status.success() {
+            return String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse()
+                .expect("submit prints the job id");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no coordinator took a submit for a minute: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
 
 /// The job's status, or `None` while no coordinator answers.
 fn try_status(url: &str, job: u64) -> Option<serde_json::Value> {
@@ -365,24 +410,8 @@ pub fn run(opts: &Options) -> Report {
         ],
     );
     let mut farm = Farm::start(&dir, opts.workers);
-    let anim = submit(
-        &farm.both,
-        &scene,
-        &["--frames", &format!("1-{}", opts.frames)],
-    );
-    let tiled = submit(
-        &farm.both,
-        &scene,
-        &[
-            "--frames",
-            &format!("1-{}", opts.tiled_frames),
-            "--tiles",
-            "2x2",
-        ],
-    );
-    let jobs = [(anim, opts.frames), (tiled, opts.tiled_frames)];
     eprintln!(
-        "chaos: jobs {anim} ({} frames) and {tiled} ({} frames in 2x2 tiles) on 2 coordinators and {} workers; faults for up to {} s (seed {})",
+        "chaos: rounds of an animation ({} frames) and a tiled job ({} frames in 2x2 tiles) on 2 coordinators and {} workers; faults for {} s (seed {})",
         opts.frames,
         opts.tiled_frames,
         opts.workers,
@@ -390,17 +419,40 @@ pub fn run(opts: &Options) -> Report {
         opts.seed
     );
 
+    // The jobs so far: (job, frames). A new round is submitted whenever the
+    // last one is done, so the farm has work for every fault.
+    let mut jobs: Vec<(u64, u32)> = Vec::new();
+    let submit_round = |farm: &Farm, jobs: &mut Vec<(u64, u32)>| {
+        let anim = submit_retrying(
+            &farm.both,
+            &scene,
+            &["--frames", &format!("1-{}", opts.frames)],
+        );
+        let tiled = submit_retrying(
+            &farm.both,
+            &scene,
+            &[
+                "--frames",
+                &format!("1-{}", opts.tiled_frames),
+                "--tiles",
+                "2x2",
+            ],
+        );
+        jobs.push((anim, opts.frames));
+        jobs.push((tiled, opts.tiled_frames));
+    };
+    submit_round(&farm, &mut jobs);
+
     let mut report = Report::default();
     let started = Instant::now();
     let mut last_fault = Instant::now();
-    let all_done = |farm: &Farm| {
-        jobs.iter()
-            .all(|(j, _)| try_status(&farm.both, *j).is_some_and(|v| finished(&v)))
-    };
     while started.elapsed() < opts.duration && !opts.faults.is_empty() {
         std::thread::sleep(rng.millis(1000, 4000));
-        if all_done(&farm) {
-            break;
+        let done = jobs[jobs.len() - 2..]
+            .iter()
+            .all(|(j, _)| try_status(&farm.both, *j).is_some_and(|v| finished(&v)));
+        if done {
+            submit_round(&farm, &mut jobs);
         }
         let fault = opts.faults[rng.below(opts.faults.len() as u64) as usize];
         if farm.inject(fault, &mut rng) {
@@ -414,11 +466,12 @@ pub fn run(opts: &Options) -> Report {
         }
     }
     report.window = last_fault.duration_since(started);
+    report.jobs = jobs.len();
 
     // Every job ends, and ends done; a job that fails says why.
     let deadline = Instant::now() + Duration::from_secs(600);
     let mut views = Vec::new();
-    for (job, _) in jobs {
+    for &(job, _) in &jobs {
         let view = loop {
             if let Some(v) = try_status(&farm.both, job).filter(finished) {
                 break v;
@@ -438,7 +491,7 @@ pub fn run(opts: &Options) -> Report {
     // Every frame exact: both jobs against one plain Blender render.
     let refs = dir.join("refs");
     reference(&scene, 1, opts.frames.max(opts.tiled_frames), &refs);
-    for (job, frames) in jobs {
+    for &(job, frames) in &jobs {
         let out = dir.join(format!("out-{job}"));
         cli_ok(
             &farm.both,
@@ -451,7 +504,7 @@ pub fn run(opts: &Options) -> Report {
     // Every acknowledged completion is the one the store holds: each task is
     // done once, and a result a worker saw acknowledged is that attempt.
     let acked = acknowledged(&farm.worker_logs());
-    for (view, (job, _)) in views.iter().zip(jobs) {
+    for (view, &(job, _)) in views.iter().zip(&jobs) {
         for task in view["tasks"].as_array().expect("tasks in the job's view") {
             report.tasks += 1;
             let index = task["index"].as_u64().unwrap();
