@@ -335,6 +335,21 @@ impl NetNs {
         fault.0.clear();
     }
 
+    /// Packets the fault in force has dropped so far (both ways), from the
+    /// rules' counters.
+    pub fn dropped(&self) -> u64 {
+        let out = self
+            .command("iptables")
+            .args(["-L", "-v", "-n", "-x"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        out.lines()
+            .filter(|l| l.contains("DROP"))
+            .filter_map(|l| l.split_whitespace().next()?.parse::<u64>().ok())
+            .sum()
+    }
+
     /// Ids of the processes running inside the namespace.
     pub fn pids(&self) -> Vec<u32> {
         Command::new("ip")
