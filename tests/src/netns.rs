@@ -70,33 +70,48 @@ fn ip(args: &[&str]) -> Result<(), String> {
     run(Command::new("ip").args(args))
 }
 
-/// Makes sure `iptables` runs, installing Debian's package when it is
-/// missing (as `scripts/lib.sh`'s `ensure_iptables` does). Checked once.
+/// Makes sure `iptables` and `ip` run, installing Debian's packages when
+/// one is missing (as `scripts/lib.sh`'s `ensure_iptables` does). Checked once.
 pub fn ensure_iptables() -> Result<(), String> {
     static DONE: OnceLock<Result<(), String>> = OnceLock::new();
     DONE.get_or_init(|| {
-        let works = || {
-            Command::new("iptables")
-                .arg("--version")
+        let runs = |program: &str, arg: &str| {
+            Command::new(program)
+                .arg(arg)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status()
                 .is_ok_and(|s| s.success())
         };
-        if works() {
+        let missing = || {
+            [("iptables", "--version", "iptables"), ("ip", "-V", "iproute2")]
+                .into_iter()
+                .filter(|(p, a, _)| !runs(p, a))
+                .map(|(_, _, package)| package)
+                .collect::<Vec<_>>()
+        };
+        let packages = missing();
+        if packages.is_empty() {
             return Ok(());
         }
-        eprintln!("iptables is missing; installing Debian's iptables package for the partition tests...");
+        eprintln!(
+            "installing {} for the partition tests...",
+            packages.join(" ")
+        );
         let _ = Command::new("apt-get").args(["update", "-qq"]).status();
         let _ = Command::new("apt-get")
-            .args(["install", "-y", "-qq", "iptables"])
+            .args(["install", "-y", "-qq"])
+            .args(&packages)
             .env("DEBIAN_FRONTEND", "noninteractive")
             .stdout(Stdio::null())
             .status();
-        if works() {
-            Ok(())
-        } else {
-            Err("iptables is missing and apt-get could not install it; install it by hand (apt-get install iptables)".into())
+        match missing().as_slice() {
+            [] => Ok(()),
+            still => Err(format!(
+                "{} missing and apt-get could not install it; install it by hand (apt-get install {})",
+                still.join(" and "),
+                still.join(" ")
+            )),
         }
     })
     .clone()
@@ -129,6 +144,9 @@ impl NetNs {
         ensure_iptables()?;
         let n = N.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
+        if n == 0 {
+            sweep_orphans();
+        }
         // Interface names hold at most 15 bytes.
         let tag = format!("{}{n}", pid % 10_000_000);
         let (host_ip, ns_ip) = free_subnet();
@@ -143,7 +161,14 @@ impl NetNs {
         // From here on, a failure drops `ns`, which removes what was made.
         ip(&["netns", "add", &ns.name])?;
         ip(&[
-            "link", "add", &ns.host_if, "type", "veth", "peer", "name", &ns.ns_if,
+            "link",
+            "add",
+            &ns.host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &ns.ns_if,
         ])?;
         ip(&["link", "set", &ns.ns_if, "netns", &ns.name])?;
         ip(&[
@@ -362,6 +387,39 @@ impl NetNs {
                     .collect()
             })
             .unwrap_or_default()
+    }
+}
+
+/// Removes the namespaces of test processes that died without dropping
+/// theirs (SIGKILL, a crash): `tessera-PID-N` whose process is gone.
+fn sweep_orphans() {
+    let listed = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    for name in listed.split_whitespace() {
+        let Some((pid, n)) = name
+            .strip_prefix("tessera-")
+            .and_then(|rest| rest.split_once('-'))
+        else {
+            continue;
+        };
+        let (Ok(pid), Ok(n)) = (pid.parse::<u32>(), n.parse::<u64>()) else {
+            continue;
+        };
+        if crate::process_alive(pid) {
+            continue;
+        }
+        eprintln!("netns: removing {name}, left behind by process {pid}");
+        drop(NetNs {
+            name: name.to_string(),
+            host_if: format!("tsh{}{n}", pid % 10_000_000),
+            ns_if: String::new(),
+            host_ip: String::new(),
+            ns_ip: String::new(),
+            fault: Arc::new(Mutex::new((Vec::new(), 0))),
+        });
     }
 }
 

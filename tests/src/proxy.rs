@@ -185,7 +185,10 @@ fn pump_delayed(mut from: TcpStream, to: TcpStream, switch: Arc<Switch>, delay: 
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+        if tx
+            .send((Instant::now() + delay, buf[..n].to_vec()))
+            .is_err()
+        {
             break;
         }
     }

@@ -74,7 +74,15 @@ fn ends(job: &Value, index: usize) -> Vec<String> {
 fn leases_logged(log: &str, what: &str) -> Vec<String> {
     log.lines()
         .filter(|l| l.contains(what))
-        .filter_map(|l| Some(l.split("lease=").nth(1)?.split_whitespace().next()?.to_string()))
+        .filter_map(|l| {
+            Some(
+                l.split("lease=")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?
+                    .to_string(),
+            )
+        })
         .collect()
 }
 
@@ -95,7 +103,10 @@ fn assert_done_once(job: &Value, coordinator_log: &str) -> usize {
         let of_task = |l: &Vec<String>| l.iter().filter(|x| x.starts_with(&prefix)).count();
         let recorded = of_task(&received) - of_task(&duplicates);
         assert_eq!(task["state"], "done", "task {i}: {task:#}");
-        assert_eq!(recorded, 1, "task {i} has {recorded} results recorded: {task:#}");
+        assert_eq!(
+            recorded, 1,
+            "task {i} has {recorded} results recorded: {task:#}"
+        );
         let ends = ends(job, i);
         let done = ends.iter().filter(|e| *e == "done").count();
         assert!(done <= 1, "task {i} has {done} attempts done: {task:#}");
@@ -182,7 +193,8 @@ fn a_worker_cut_off_mid_render_loses_its_lease_and_its_late_result_changes_nothi
 
     // Mid-render: the lease is granted and Blender runs in the namespace.
     assert!(
-        eventually(LONG, || cut_off.log().contains("task started") && blender_in(&ns)),
+        eventually(LONG, || cut_off.log().contains("task started")
+            && blender_in(&ns)),
         "the worker in the namespace did not start rendering:\n{}",
         cut_off.log()
     );
@@ -197,11 +209,13 @@ fn a_worker_cut_off_mid_render_loses_its_lease_and_its_late_result_changes_nothi
     });
     let t_expired = cut.elapsed();
     assert_eq!(expired["tasks_done"], 0, "{expired:#}");
+    // Served again: leased to the host worker, or (on a slow poll) already done.
     let served = wait_for(&url, job, LONG, "the task served to the host worker", |j| {
-        j["tasks"][0]["state"] == "leased" && j["tasks"][0]["worker"] != cut_off_id
+        let t = &j["tasks"][0];
+        (t["state"] == "leased" && t["worker"] != cut_off_id) || t["state"] == "done"
     });
     let t_served = cut.elapsed();
-    assert_eq!(ends(&served, 0), ["expired"]);
+    assert_eq!(ends(&served, 0)[0], "expired");
     let done = wait_for(&url, job, LONG, "the job to end", |j| {
         j["state"] == "done" || j["state"] == "failed"
     });
@@ -230,7 +244,8 @@ fn a_worker_cut_off_mid_render_loses_its_lease_and_its_late_result_changes_nothi
         }
     };
     assert!(
-        eventually(LONG, || outcome(&coord.proc.log(), &cut_off.log()).is_some()),
+        eventually(LONG, || outcome(&coord.proc.log(), &cut_off.log())
+            .is_some()),
         "the cut-off worker was not heard from after the heal:\nworker:\n{}\ncoordinator:\n{}",
         cut_off.log(),
         coord.proc.log()
@@ -244,7 +259,9 @@ fn a_worker_cut_off_mid_render_loses_its_lease_and_its_late_result_changes_nothi
     assert_eq!(after["frames_done"], 3);
     assert_eq!(ends(&after, 0), ["expired", "done"], "{after:#}");
     assert_done_once(&after, &coord.proc.log());
-    let grant_done = after["tasks"][0]["attempt_log"][1]["grant"].as_u64().unwrap();
+    let grant_done = after["tasks"][0]["attempt_log"][1]["grant"]
+        .as_u64()
+        .unwrap();
     assert_ne!(
         lost,
         format!("{job}.0.{grant_done}"),
@@ -324,7 +341,10 @@ fn workers_and_a_client_cut_off_from_the_coordinator_resume_when_healed() {
         j["tasks_running"] == 0
     });
     let t_expired = cut.elapsed();
-    assert!(leases_expired(&coord) >= 2.0, "both leases expired");
+    // Both workers were busy a moment before the cut: their leases expire
+    // (one may have been between tasks just then).
+    let expired_in_cut = leases_expired(&coord);
+    assert!(expired_in_cut >= 1.0, "no lease expired");
     // While cut off, a new client call fails within its connect timeout,
     // saying why, instead of hanging.
     let called = Instant::now();
@@ -364,7 +384,10 @@ fn workers_and_a_client_cut_off_from_the_coordinator_resume_when_healed() {
     assert_eq!(done["state"], "done", "{done:#}");
     let again = assert_done_once(&done, &coord.proc.log());
     let expired = leases_expired(&coord);
-    assert!(again as f64 <= expired, "{again} tasks ran again, {expired} leases expired");
+    assert!(
+        again as f64 <= expired,
+        "{again} tasks ran again, {expired} leases expired"
+    );
 
     // The waiting client rode out the cut: it ends well, with every frame.
     assert!(
@@ -382,7 +405,7 @@ fn workers_and_a_client_cut_off_from_the_coordinator_resume_when_healed() {
     reference(&scene, 1, 6, &refs);
     assert_matches_reference(&out, &refs, 1..=6);
     eprintln!(
-        "partition figures: both leases expired {} after the cut (--lease-ttl 3); a new client call failed in {}; after the heal work resumed in {} and the job was done in {} ({} tasks ran again, {} leases expired)",
+        "partition figures: {expired_in_cut} leases expired {} after the cut (--lease-ttl 3); a new client call failed in {}; after the heal work resumed in {} and the job was done in {} ({} tasks ran again, {} leases expired)",
         secs(t_expired),
         secs(t_refused),
         secs(t_resumed),
@@ -416,12 +439,9 @@ fn packet_loss_and_latency_to_the_workers_cost_no_duplicate_work() {
     // Workers reach the coordinator through a proxy on the host end of
     // their link that holds every chunk 200 ms each way, over a link that
     // drops 5 % of packets each way.
-    let proxy = SilentProxy::with_delay(
-        ns.host_ip(),
-        &format!("127.0.0.1:{}", port(&coord)),
-        DELAY,
-    )
-    .unwrap();
+    let proxy =
+        SilentProxy::with_delay(ns.host_ip(), &format!("127.0.0.1:{}", port(&coord)), DELAY)
+            .unwrap();
     ns.lose(LOSS, Duration::from_secs(150));
     let inner = format!("http://{}", proxy.addr());
     let token = worker_token(&url);
@@ -516,10 +536,7 @@ fn a_cut_is_silent_a_heal_restores_and_drop_cleans_up() {
     ns.heal();
     let back = rx.recv_timeout(Duration::from_secs(30)).unwrap();
     assert_eq!(back, "two", "the held bytes arrive once healed");
-    eprintln!(
-        "echo answered {} after the heal",
-        secs(healed.elapsed())
-    );
+    eprintln!("echo answered {} after the heal", secs(healed.elapsed()));
 
     // A fault outlives no bound.
     ns.cut(Duration::from_millis(300));
