@@ -296,39 +296,33 @@ impl NetNs {
     /// [`NetNs::heal`] or for `bound` at most.
     pub fn lose(&self, p: f64, bound: Duration) {
         let p = format!("{p:.4}");
-        let rule = |chain: &'static str, dir: &'static str| {
-            vec![
-                chain,
-                dir,
-                &self.ns_if,
-                "-m",
-                "statistic",
-                "--mode",
-                "random",
-                "--probability",
-                &p,
-                "-j",
-                "DROP",
-            ]
-            .into_iter()
-            .map(String::from)
-            .collect::<Vec<String>>()
-        };
-        let rules = vec![rule("INPUT", "-i"), rule("OUTPUT", "-o")];
-        self.apply_owned(rules, bound);
+        let random = [
+            "-m",
+            "statistic",
+            "--mode",
+            "random",
+            "--probability",
+            &p,
+            "-j",
+            "DROP",
+        ];
+        let rules = [["INPUT", "-i"], ["OUTPUT", "-o"]]
+            .map(|[chain, dir]| [&[chain, dir, &self.ns_if][..], &random[..]].concat())
+            .to_vec();
+        self.apply(rules, bound);
     }
 
+    /// Replaces the fault in force with `rules` (iptables chain and match,
+    /// inside the namespace: the host's own firewall is never touched), and
+    /// starts its watchdog.
     fn apply(&self, rules: Vec<Vec<&str>>, bound: Duration) {
-        let owned = rules
+        let rules: Rules = rules
             .into_iter()
             .map(|r| r.into_iter().map(String::from).collect())
             .collect();
-        self.apply_owned(owned, bound);
-    }
-
-    /// Replaces the fault in force with `rules`, and starts its watchdog.
-    fn apply_owned(&self, rules: Rules, bound: Duration) {
         self.heal();
+        // The lock guards the rules themselves, so rule changes (here, in
+        // heal and in the watchdog) run under it, one at a time.
         let generation = {
             let mut fault = self.fault.lock().unwrap_or_else(|e| e.into_inner());
             for r in &rules {

@@ -161,6 +161,11 @@ fn secs(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())
 }
 
+/// A worker cut off silently mid-render stops renewing: its lease expires
+/// after the TTL and the task goes to a worker on the host. Once healed,
+/// the cut-off worker's late word on its lease (a duplicate result, a
+/// refused one, or a "stop" answer to its renewal) changes nothing: one
+/// completion, by the second worker's grant, and every frame exact.
 #[test]
 fn a_worker_cut_off_mid_render_loses_its_lease_and_its_late_result_changes_nothing() {
     let test = "a_worker_cut_off_mid_render_loses_its_lease_and_its_late_result_changes_nothing";
@@ -277,6 +282,15 @@ fn a_worker_cut_off_mid_render_loses_its_lease_and_its_late_result_changes_nothi
     );
 }
 
+/// Workers and a client on one side of a cut, the coordinator (with its
+/// store) on the other. What happens: the leases expire after the TTL and
+/// their tasks wait in the queue; the coordinator records nothing new and
+/// goes on serving the host side; a new call from the cut-off side fails
+/// after the connect timeout saying it cannot reach the coordinator, while
+/// calls in flight (the client's wait, the workers' polls and uploads) stay
+/// silent. When the link heals they go on: late results of expired leases
+/// are taken if their task was not done since, the job finishes, and the
+/// waiting client ends with every frame exact.
 #[test]
 fn workers_and_a_client_cut_off_from_the_coordinator_resume_when_healed() {
     let test = "workers_and_a_client_cut_off_from_the_coordinator_resume_when_healed";
@@ -415,6 +429,9 @@ fn workers_and_a_client_cut_off_from_the_coordinator_resume_when_healed() {
     );
 }
 
+/// Two workers behind a link that drops 10 % of packets each way and a
+/// proxy that adds 200 ms each way: the job finishes exact, each task done
+/// once, and no task rendered twice unless a lease really expired.
 #[test]
 fn packet_loss_and_latency_to_the_workers_cost_no_duplicate_work() {
     let test = "packet_loss_and_latency_to_the_workers_cost_no_duplicate_work";
