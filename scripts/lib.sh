@@ -64,6 +64,20 @@ ensure_test_tools() {
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
+ensure_iptables() {
+  # iptables (and iproute2's `ip`) for the partition tests
+  # (tests/tests/partitions.rs): they cut or thin links between network
+  # namespaces they make. The tests install it themselves when missing too.
+  local missing=()
+  command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+  command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+  [ ${#missing[@]} -eq 0 ] && return
+  echo "installing ${missing[*]} for the partition tests..." >&2
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
 ensure_chromium() {
   # Debian's chromium, driven headless over the DevTools protocol by the
   # dashboard's browser test (tests/tests/web.rs).

@@ -12,6 +12,7 @@ ensure_chromium
 ensure_ffmpeg
 ensure_prometheus
 ensure_test_tools
+ensure_iptables
 ensure_rust
 ensure_s3_server
 if ensure_postgres; then

@@ -10,13 +10,17 @@
 //!   real coordinator over gRPC.
 //! * [`s3`]: a real S3 server (SeaweedFS) for the S3 blob store's tests.
 //! * [`postgres`]: a real PostgreSQL server in a temporary directory.
-//! * [`proxy`]: a real TCP proxy that can go silent (a network partition).
+//! * [`proxy`]: a real TCP proxy that can go silent (a network partition)
+//!   or hold every byte a while (latency).
+//! * [`netns`]: network namespaces the test makes, with a veth link to the
+//!   host that it can cut silently or make lossy (iptables).
 
 pub mod browser;
 pub mod chaos;
 pub mod fake_coordinator;
 pub mod http;
 pub mod load;
+pub mod netns;
 pub mod postgres;
 pub mod proxy;
 pub mod s3;

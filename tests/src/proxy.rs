@@ -8,12 +8,20 @@
 //! as with a partition that drops packets. [`SilentProxy::restore`]
 //! forwards again; bytes held back meanwhile are then delivered, as TCP
 //! would retransmit them after a partition heals.
+//!
+//! [`SilentProxy::with_delay`] also holds every chunk for a fixed time in
+//! each direction before passing it on: network latency made in userspace,
+//! because this kind of machine's kernel has no `netem` qdisc
+//! (`tc qdisc … netem` answers "Specified qdisc kind is unknown"). Chunks
+//! keep their order and the delay does not cap throughput: a chunk read
+//! while earlier ones wait is timed from its own arrival.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread;
+use std::time::{Duration, Instant};
 
 /// Whether bytes flow; pumps wait on the condvar while they do not.
 struct Switch {
@@ -33,6 +41,7 @@ impl Switch {
 
 /// A TCP proxy to one target, with a switch that silences it.
 pub struct SilentProxy {
+    ip: std::net::IpAddr,
     port: u16,
     switch: Arc<Switch>,
     stop: Arc<AtomicBool>,
@@ -43,7 +52,14 @@ pub struct SilentProxy {
 impl SilentProxy {
     /// Forwards `127.0.0.1:<port>` to `target` (`HOST:PORT`).
     pub fn start(target: &str) -> std::io::Result<SilentProxy> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
+        Self::with_delay("127.0.0.1", target, Duration::ZERO)
+    }
+
+    /// Forwards `<ip>:<port>` to `target`, each chunk `delay` late in each
+    /// direction (a round trip gains twice `delay`).
+    pub fn with_delay(ip: &str, target: &str, delay: Duration) -> std::io::Result<SilentProxy> {
+        let listener = TcpListener::bind((ip, 0))?;
+        let ip = listener.local_addr()?.ip();
         let port = listener.local_addr()?.port();
         let switch = Arc::new(Switch {
             silent: Mutex::new(false),
@@ -82,11 +98,16 @@ impl SilentProxy {
                         continue;
                     };
                     let sw = sw.clone();
-                    thread::spawn(move || pump(from, to, &sw));
+                    if delay.is_zero() {
+                        thread::spawn(move || pump(from, to, &sw));
+                    } else {
+                        thread::spawn(move || pump_delayed(from, to, sw, delay));
+                    }
                 }
             }
         });
         Ok(SilentProxy {
+            ip,
             port,
             switch,
             stop,
@@ -97,6 +118,11 @@ impl SilentProxy {
     /// The port it listens on (loopback).
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The address it listens on, `IP:PORT`.
+    pub fn addr(&self) -> String {
+        std::net::SocketAddr::new(self.ip, self.port).to_string()
     }
 
     /// Stops forwarding in both directions; every connection stays open.
@@ -132,11 +158,52 @@ fn pump(mut from: TcpStream, mut to: TcpStream, switch: &Switch) {
     let _ = from.shutdown(Shutdown::Both);
 }
 
+/// [`pump`] with each chunk passed on `delay` after it was read: a reader
+/// stamps chunks, a writer sends each at its time, in order.
+fn pump_delayed(mut from: TcpStream, to: TcpStream, switch: Arc<Switch>, delay: Duration) {
+    let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
+    let (mut w_to, w_from) = (to.try_clone(), from.try_clone());
+    let sw = switch.clone();
+    let writer = thread::spawn(move || {
+        let Ok(to) = w_to.as_mut() else { return };
+        for (due, chunk) in rx {
+            thread::sleep(due.saturating_duration_since(Instant::now()));
+            sw.wait_open();
+            if to.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(Shutdown::Both);
+        if let Ok(f) = w_from {
+            let _ = f.shutdown(Shutdown::Both);
+        }
+    });
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        switch.wait_open();
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if tx
+            .send((Instant::now() + delay, buf[..n].to_vec()))
+            .is_err()
+        {
+            break;
+        }
+    }
+    // What was read goes out before the close does.
+    drop(tx);
+    let _ = writer.join();
+    let _ = to.shutdown(Shutdown::Both);
+    let _ = from.shutdown(Shutdown::Both);
+}
+
 impl Drop for SilentProxy {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         // Wakes the accept loop so that it sees the stop.
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        let _ = TcpStream::connect((self.ip, self.port));
         for s in self
             .streams
             .lock()
