@@ -520,7 +520,7 @@ impl pb::work_server::Work for WorkService {
     async fn complete(
         &self,
         req: Request<pb::CompleteRequest>,
-    ) -> Result<Response<pb::Ack>, Status> {
+    ) -> Result<Response<pb::CompleteResponse>, Status> {
         let who = who(&req)?;
         let req = req.into_inner();
         let outputs = req
@@ -556,7 +556,9 @@ impl pb::work_server::Work for WorkService {
             })
             .await?;
         }
-        Ok(Response::new(pb::Ack {}))
+        Ok(Response::new(pb::CompleteResponse {
+            duplicate: pending.completion == crate::task::Completion::Duplicate,
+        }))
     }
 
     async fn fail(&self, req: Request<pb::FailRequest>) -> Result<Response<pb::Ack>, Status> {

@@ -320,6 +320,15 @@ impl Task {
         }
         match self.state {
             TaskState::Queued | TaskState::Leased { .. } => {
+                // A late result (its lease expired, or was lost, before it
+                // came): the attempt that rendered it is the one that is done.
+                let current =
+                    matches!(self.state, TaskState::Leased { grant: g, .. } if g == grant);
+                if !current {
+                    if let Some(a) = self.attempts.iter_mut().rev().find(|a| a.grant == grant) {
+                        a.end = crate::usage::AttemptEnd::Done;
+                    }
+                }
                 self.state = TaskState::Done { outputs };
                 self.frames_done = self.frames.len() as u32;
                 Ok(Completion::Recorded)

@@ -140,11 +140,11 @@ impl pb::work_server::Work for Fake {
     async fn complete(
         &self,
         req: Request<pb::CompleteRequest>,
-    ) -> Result<Response<pb::Ack>, Status> {
+    ) -> Result<Response<pb::CompleteResponse>, Status> {
         let req = req.into_inner();
         let answer = (self.complete)(&req);
         self.seen.lock().unwrap().completes.push(req);
-        answer.map(|()| Response::new(pb::Ack {}))
+        answer.map(|()| Response::new(pb::CompleteResponse { duplicate: false }))
     }
 
     async fn fail(&self, req: Request<pb::FailRequest>) -> Result<Response<pb::Ack>, Status> {

@@ -513,6 +513,10 @@ async fn run_task<R: Renderer>(
             })
             .await
             {
+                Ok(r) if r.get_ref().duplicate => tracing::info!(
+                    %lease,
+                    "result not needed: this lease had expired and another result of the task was recorded first"
+                ),
                 Ok(_) => tracing::info!(%lease, "task done"),
                 Err(s) if s.code() == Code::InvalidArgument => {
                     // Refused for good: rendering it again would not change

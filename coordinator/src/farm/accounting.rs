@@ -34,7 +34,15 @@ impl Farm {
             if matches!(&t.state, TaskState::Leased { grant: g, .. } if g == grant) {
                 continue;
             }
+            // Another grant's late result may be the one recorded (its
+            // attempt is marked done by `Task::complete`): this one is not.
+            let late = t
+                .attempts
+                .iter()
+                .zip(&old.attempts)
+                .any(|(a, before)| a.end == AttemptEnd::Done && before.end != AttemptEnd::Done);
             let inferred = match &t.state {
+                TaskState::Done { .. } if late => AttemptEnd::Canceled,
                 TaskState::Done { .. } => AttemptEnd::Done,
                 _ if t.failures > old.failures => AttemptEnd::Failed,
                 TaskState::Canceled | TaskState::Failed { .. } => AttemptEnd::Canceled,
