@@ -77,8 +77,12 @@ impl Client {
             size,
             data: bytes,
         };
+        let deadline = tessera_worker::deadline::upload(size);
         self.blobs
-            .put_blob(tokio_stream::iter(vec![chunk]))
+            .put_blob(tessera_worker::deadline::request(
+                tokio_stream::iter(vec![chunk]),
+                deadline,
+            ))
             .await
             .map_err(|s| self.explain(s))?;
         Ok(())
