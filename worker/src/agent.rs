@@ -486,9 +486,9 @@ async fn run_task<R: Renderer>(
         let lost = lost.clone();
         // At most a second apart: renewals also carry sample progress and
         // bring word of a cancelled job.
-        let every = Duration::from_millis(
-            u64::from(shared.ttl_ms.load(Ordering::Relaxed) / 3).clamp(100, 1000),
-        );
+        let ttl = u64::from(shared.ttl_ms.load(Ordering::Relaxed));
+        let every = Duration::from_millis((ttl / 3).clamp(100, 1000));
+        let deadline = crate::deadline::renewal(Duration::from_millis(ttl));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             loop {
@@ -499,7 +499,10 @@ async fn run_task<R: Renderer>(
                     samples_done: progress.samples_done.load(Ordering::Relaxed),
                     samples_total: progress.samples_total.load(Ordering::Relaxed),
                 };
-                match client.progress(req).await {
+                match client
+                    .progress(crate::deadline::request(req, deadline))
+                    .await
+                {
                     Ok(r) if !r.get_ref().keep_going => {
                         let why = match r.get_ref().stop_reason.as_str() {
                             "" => "lease lost or job ended",

@@ -34,6 +34,14 @@ pub const LEASE_MARGIN: Duration = Duration::from_secs(10);
 /// The slowest upload rate an upload's deadline allows for, bytes per second.
 pub const UPLOAD_MIN_RATE: u64 = 1 << 20;
 
+/// A lease renewal (`Progress`) under a lease TTL of `ttl`: a third of it,
+/// between 1 and 10 s, so that a worker whose coordinator went silent
+/// reaches the next address (a standby that took over) while its lease,
+/// which a new active coordinator extends by one TTL, still holds.
+pub fn renewal(ttl: Duration) -> Duration {
+    (ttl / 3).clamp(Duration::from_secs(1), WORKER_CALL)
+}
+
 /// A long-poll `Lease` that waits up to `wait`.
 pub fn lease(wait: Duration) -> Duration {
     wait + LEASE_MARGIN
@@ -101,6 +109,9 @@ mod tests {
     #[test]
     fn long_calls_get_longer_deadlines() {
         assert_eq!(lease(Duration::from_secs(15)), Duration::from_secs(25));
+        assert_eq!(renewal(Duration::from_secs(30)), Duration::from_secs(10));
+        assert_eq!(renewal(Duration::from_secs(6)), Duration::from_secs(2));
+        assert_eq!(renewal(Duration::from_millis(300)), Duration::from_secs(1));
         assert_eq!(upload(0), Duration::from_secs(30));
         assert_eq!(upload(100 << 20), Duration::from_secs(130));
     }
