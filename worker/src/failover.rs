@@ -92,27 +92,28 @@ impl Service<http::Request<Body>> for Failover {
                 std::future::poll_fn(|cx| channel.poll_ready(cx)).await?;
                 channel.call(req).await
             };
-            let result: Result<Self::Response, Self::Error> = match deadline {
+            let mut result: Result<Self::Response, Self::Error> = match deadline {
                 Some(d) => match tokio::time::timeout(d, call).await {
                     Ok(r) => r.map_err(Into::into),
-                    Err(_) => {
-                        let url = urls.get(i).map_or("?", String::as_str);
-                        let next = if n > 1 {
-                            format!("; trying {} next", urls[(i + 1) % n])
-                        } else {
-                            String::new()
-                        };
-                        tracing::warn!(
-                            "the coordinator at {url} did not answer within {d:?}{next}"
-                        );
-                        Err(tonic::Status::deadline_exceeded(format!(
-                            "the coordinator at {url} did not answer within {d:?}{next}"
-                        ))
-                        .into())
-                    }
+                    Err(_) => Err(Box::new(tonic::TimeoutExpired(()))),
                 },
                 None => call.await.map_err(Into::into),
             };
+            // The channel times the call too, and its word may come first.
+            if let (Some(d), Err(e)) = (deadline, &result) {
+                if timed_out(e.as_ref()) {
+                    let url = urls.get(i).map_or("?", String::as_str);
+                    let next = if n > 1 {
+                        format!("; trying {} next", urls[(i + 1) % n])
+                    } else {
+                        String::new()
+                    };
+                    let words =
+                        format!("the coordinator at {url} did not answer within {d:?}{next}");
+                    tracing::warn!("{words}");
+                    result = Err(tonic::Status::deadline_exceeded(words).into());
+                }
+            }
             let move_on = match &result {
                 Err(_) => true,
                 Ok(r) => r
@@ -127,6 +128,18 @@ impl Service<http::Request<Body>> for Failover {
             result
         })
     }
+}
+
+/// Whether `e` (or what caused it) is a call running past its deadline.
+fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(e);
+    while let Some(e) = source {
+        if e.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }
 
 /// The addresses a `--coordinator` value stands for: its comma-separated
@@ -265,5 +278,49 @@ mod tests {
         // One address: the name stays as given.
         let one = addresses_with("http://coord-a.example:7878", resolve).unwrap();
         assert_eq!(one, vec![("http://coord-a.example:7878".to_string(), None)]);
+    }
+
+    #[tokio::test]
+    async fn a_silent_address_is_left_when_a_call_runs_past_its_deadline() {
+        // Both accept connections (the kernel does) and never answer.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (a, b) = (
+            format!("http://{}", silent.local_addr().unwrap()),
+            format!("http://{}", other.local_addr().unwrap()),
+        );
+        let access = crate::agent::Access {
+            url: format!("{a},{b}"),
+            ..Default::default()
+        };
+        let conn =
+            crate::agent::channel_with_deadline(&access, Duration::from_millis(300)).unwrap();
+        let mut blobs = tessera_proto::blobs_client::BlobsClient::new(conn);
+        let ask = || tessera_proto::MissingBlobsRequest { digests: vec![] };
+        let started = std::time::Instant::now();
+        let err = blobs.missing_blobs(ask()).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::DeadlineExceeded, "{err:?}");
+        assert!(
+            err.message()
+                .contains(&format!("the coordinator at {a} did not answer within"))
+                && err.message().contains(&format!("trying {b} next")),
+            "{err:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        // The next call goes to the next address; a call's own deadline wins.
+        let err = blobs
+            .missing_blobs(crate::deadline::request(ask(), Duration::from_millis(100)))
+            .await
+            .unwrap_err();
+        assert!(
+            err.message().contains(&format!(
+                "the coordinator at {b} did not answer within 100ms"
+            )),
+            "{err:?}"
+        );
     }
 }
