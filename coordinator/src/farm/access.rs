@@ -31,7 +31,9 @@ pub(super) struct AccessState {
     referenced: HashMap<String, HashSet<Digest>>,
     /// The worker each grant went to, so that a result from an older grant
     /// (accepted when it is the first) is checked against its own holder.
-    /// In memory only: after a restart only current holders are known.
+    /// In memory only; after a restart or a failover, holders are found in
+    /// the tasks: the current grant's in its state, ended grants' in its
+    /// attempts (see `Farm::lease_holder`).
     holders: HashMap<LeaseId, WorkerId>,
     /// How many holders were left at the last pruning.
     kept: usize,
