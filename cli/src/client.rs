@@ -65,6 +65,11 @@ impl Client {
                 self.url,
                 s.message()
             ),
+            // Failover's words name the silent address and the next one.
+            Code::DeadlineExceeded => anyhow!(
+                "{}; check that the coordinator runs and is reachable, or list every coordinator in --coordinator a,b",
+                s.message()
+            ),
             _ => anyhow!("{}", s.message()),
         }
     }

@@ -1,9 +1,12 @@
 //! The worker's lease loop: register, then one loop per slot that leases a
 //! task, fetches its scene, renders, uploads the frames and reports the result.
 //!
-//! Every call to the coordinator is retried while the coordinator is
-//! unreachable (it may be restarting); answers that say the lease is gone end
-//! the task quietly. A failed render is reported with Blender's log tail and
+//! Every call to the coordinator has a deadline (see [`crate::deadline`]) and
+//! is retried while the coordinator is unreachable or silent (it may be
+//! restarting, or another one taking over); answers that say the lease is
+//! over for good (see [`dropped`]) end the task, logging the coordinator's
+//! reason: the job was cancelled, the lease expired and the task was served
+//! again, and so on. A failed render is reported with Blender's log tail and
 //! its scope (who could render it instead), and the slot carries on. A result
 //! the coordinator refuses for good is reported as a failure everywhere, so it
 //! is not rendered again and again.
