@@ -65,6 +65,11 @@ impl Client {
                 self.url,
                 s.message()
             ),
+            // Failover's words name the silent address and the next one.
+            Code::DeadlineExceeded => anyhow!(
+                "{}; check that the coordinator runs and is reachable, or list every coordinator in --coordinator a,b",
+                s.message()
+            ),
             _ => anyhow!("{}", s.message()),
         }
     }
@@ -77,8 +82,12 @@ impl Client {
             size,
             data: bytes,
         };
+        let deadline = tessera_worker::deadline::upload(size);
         self.blobs
-            .put_blob(tokio_stream::iter(vec![chunk]))
+            .put_blob(tessera_worker::deadline::request(
+                tokio_stream::iter(vec![chunk]),
+                deadline,
+            ))
             .await
             .map_err(|s| self.explain(s))?;
         Ok(())

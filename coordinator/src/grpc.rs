@@ -514,7 +514,15 @@ impl pb::work_server::Work for WorkService {
         let lease = lease(&req.lease_id)?;
         self.farm.check_lease(&who, lease)?;
         let keep_going = self.farm.progress(lease, req.frames_done, samples)?;
-        Ok(Response::new(pb::ProgressResponse { keep_going }))
+        let stop_reason = if keep_going {
+            String::new()
+        } else {
+            self.farm.why_stale(lease)
+        };
+        Ok(Response::new(pb::ProgressResponse {
+            keep_going,
+            stop_reason,
+        }))
     }
 
     async fn complete(

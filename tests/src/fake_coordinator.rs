@@ -134,7 +134,10 @@ impl pb::work_server::Work for Fake {
         &self,
         _: Request<pb::ProgressRequest>,
     ) -> Result<Response<pb::ProgressResponse>, Status> {
-        Ok(Response::new(pb::ProgressResponse { keep_going: true }))
+        Ok(Response::new(pb::ProgressResponse {
+            keep_going: true,
+            stop_reason: String::new(),
+        }))
     }
 
     async fn complete(

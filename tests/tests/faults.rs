@@ -264,7 +264,7 @@ fn pause_resume_cancel_and_retry_reach_the_workers() {
     assert_eq!(status(&coord.url, job)["tasks_running"], 0);
     assert!(
         w.log()
-            .contains("lease lost or job ended; stopping the task"),
+            .contains(&format!("stopping the task: job {job} was paused")),
         "{}",
         w.log()
     );

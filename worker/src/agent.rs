@@ -1,9 +1,12 @@
 //! The worker's lease loop: register, then one loop per slot that leases a
 //! task, fetches its scene, renders, uploads the frames and reports the result.
 //!
-//! Every call to the coordinator is retried while the coordinator is
-//! unreachable (it may be restarting); answers that say the lease is gone end
-//! the task quietly. A failed render is reported with Blender's log tail and
+//! Every call to the coordinator has a deadline (see [`crate::deadline`]) and
+//! is retried while the coordinator is unreachable or silent (it may be
+//! restarting, or another one taking over); answers that say the lease is
+//! over for good (see [`dropped`]) end the task, logging the coordinator's
+//! reason: the job was cancelled, the lease expired and the task was served
+//! again, and so on. A failed render is reported with Blender's log tail and
 //! its scope (who could render it instead), and the slot carries on. A result
 //! the coordinator refuses for good is reported as a failure everywhere, so it
 //! is not rendered again and again.
@@ -115,14 +118,21 @@ pub struct Access {
     pub ca: Option<Vec<u8>>,
 }
 
-/// Adds `authorization: Bearer <token>` to every call.
+/// Adds `authorization: Bearer <token>` to every call, and a deadline to
+/// every call that has none (see [`crate::deadline`]).
 #[derive(Clone)]
-pub struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+pub struct Bearer {
+    token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    deadline: Duration,
+}
 
 impl tonic::service::Interceptor for Bearer {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(v) = &self.0 {
+        if let Some(v) = &self.token {
             req.metadata_mut().insert("authorization", v.clone());
+        }
+        if !req.metadata().contains_key("grpc-timeout") {
+            req.set_timeout(self.deadline);
         }
         Ok(req)
     }
@@ -133,11 +143,20 @@ impl tonic::service::Interceptor for Bearer {
 pub type Conn = tonic::service::interceptor::InterceptedService<crate::failover::Failover, Bearer>;
 
 /// Connects lazily: the channel reconnects by itself after the coordinator
-/// restarts, and moves on to the next address when one is down or standby.
+/// restarts, and moves on to the next address when one is down, silent or
+/// standby. Calls without a deadline of their own get
+/// [`crate::deadline::CLIENT_CALL`].
 pub fn channel(access: &Access) -> Result<Conn, Error> {
+    channel_with_deadline(access, crate::deadline::CLIENT_CALL)
+}
+
+/// [`channel`] whose calls get `deadline` unless they set their own.
+pub fn channel_with_deadline(access: &Access, deadline: Duration) -> Result<Conn, Error> {
     let mut channels = Vec::new();
+    let mut urls = Vec::new();
     for (url, tls_name) in crate::failover::addresses(&access.url)? {
         channels.push(endpoint(&url, tls_name.as_deref(), access)?.connect_lazy());
+        urls.push(url);
     }
     let bearer = match &access.token {
         Some(t) => Some(format!("Bearer {}", t.trim()).parse().map_err(|_| {
@@ -146,8 +165,11 @@ pub fn channel(access: &Access) -> Result<Conn, Error> {
         None => None,
     };
     Ok(tonic::service::interceptor::InterceptedService::new(
-        crate::failover::Failover::new(channels, &access.url),
-        Bearer(bearer),
+        crate::failover::Failover::new(channels, urls, &access.url),
+        Bearer {
+            token: bearer,
+            deadline,
+        },
     ))
 }
 
@@ -157,6 +179,11 @@ fn endpoint(url: &str, tls_name: Option<&str>, access: &Access) -> Result<Endpoi
     let mut endpoint = Endpoint::from_shared(url.to_string())
         .map_err(|_| Error::Address(url.to_string()))?
         .connect_timeout(Duration::from_secs(5))
+        // A connection that goes silent (a partition that drops packets)
+        // is closed when its pings go unanswered, ending streams on it too.
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(10))
+        .keep_alive_while_idle(true)
         .tcp_nodelay(true)
         // HTTP/2's default 64 KiB windows cap blob transfers at a few
         // round trips per window; wide windows let 1 MiB chunks stream.
@@ -191,6 +218,16 @@ pub fn transient(status: &tonic::Status) -> bool {
             | Code::Aborted
             | Code::Internal
             | Code::ResourceExhausted
+    )
+}
+
+/// Whether an answer about a lease says it is over for good: its job was
+/// cancelled or is gone, its lease expired or went to another worker, or it
+/// is not this token's. The task is dropped; asking again would not help.
+pub fn dropped(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        Code::FailedPrecondition | Code::NotFound | Code::PermissionDenied
     )
 }
 
@@ -240,7 +277,7 @@ pub async fn run<R: Renderer>(
     renderer: R,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), Error> {
-    let channel = channel(&config.access)?;
+    let channel = channel_with_deadline(&config.access, crate::deadline::WORKER_CALL)?;
     let cache = SceneCache::open(&config.cache)?;
     let files = crate::fileset::FileCache::open(
         &config.cache.join("files"),
@@ -387,8 +424,9 @@ async fn slot_loop<R: Renderer>(
             wait_ms: 15_000,
             warm_job: shared.renderer.warm_job(slot),
         };
+        let wait = Duration::from_millis(u64::from(req.wait_ms));
         let answer = tokio::select! {
-            a = client.lease(req) => a,
+            a = client.lease(crate::deadline::request(req, crate::deadline::lease(wait))) => a,
             _ = shutdown.changed() => break,
         };
         match answer {
@@ -451,9 +489,9 @@ async fn run_task<R: Renderer>(
         let lost = lost.clone();
         // At most a second apart: renewals also carry sample progress and
         // bring word of a cancelled job.
-        let every = Duration::from_millis(
-            u64::from(shared.ttl_ms.load(Ordering::Relaxed) / 3).clamp(100, 1000),
-        );
+        let ttl = u64::from(shared.ttl_ms.load(Ordering::Relaxed));
+        let every = Duration::from_millis((ttl / 3).clamp(100, 1000));
+        let deadline = crate::deadline::renewal(Duration::from_millis(ttl));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             loop {
@@ -464,14 +502,30 @@ async fn run_task<R: Renderer>(
                     samples_done: progress.samples_done.load(Ordering::Relaxed),
                     samples_total: progress.samples_total.load(Ordering::Relaxed),
                 };
-                match client.progress(req).await {
+                match client
+                    .progress(crate::deadline::request(req, deadline))
+                    .await
+                {
                     Ok(r) if !r.get_ref().keep_going => {
-                        tracing::warn!(%lease, "lease lost or job ended; stopping the task");
+                        let why = match r.get_ref().stop_reason.as_str() {
+                            "" => "lease lost or job ended",
+                            why => why,
+                        };
+                        tracing::warn!(%lease, "stopping the task: {why}");
                         lost.store(true, Ordering::Relaxed);
                         let _ = stop_tx.send(true);
                         return;
                     }
                     Ok(_) => {}
+                    Err(s) if dropped(&s) => {
+                        // The coordinator says the lease is over for good
+                        // (the job was cancelled, the lease expired, ...):
+                        // rendering on would be wasted.
+                        tracing::warn!(%lease, "stopping the task: {}", s.message());
+                        lost.store(true, Ordering::Relaxed);
+                        let _ = stop_tx.send(true);
+                        return;
+                    }
                     Err(s) => tracing::warn!(%lease, "cannot renew the lease: {}", s.message()),
                 }
             }
@@ -525,6 +579,9 @@ async fn run_task<R: Renderer>(
                     tracing::warn!(%lease, "{what}");
                     let f = failure(Kind::Refused, what, "", String::new());
                     report_failure(&client, &lease, f).await;
+                }
+                Err(s) if dropped(&s) => {
+                    tracing::warn!(%lease, "result not recorded, task dropped: {}", s.message())
                 }
                 Err(s) => tracing::warn!(%lease, "result not recorded: {}", s.message()),
             }

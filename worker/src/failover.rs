@@ -2,9 +2,10 @@
 //!
 //! `--coordinator http://a:7878,http://b:7878` (or `$TESSERA_COORDINATOR`),
 //! or one DNS name with several addresses, gives a list. Calls go to the
-//! address that answered last; when a call fails to connect, or a standby
-//! refuses it (its answer carries `tessera-role: standby`), the next call
-//! goes to the next address. Callers already retry while the coordinator
+//! address that answered last; when a call fails to connect, runs past its
+//! deadline (see [`crate::deadline`]: a coordinator gone silent), or a
+//! standby refuses it (its answer carries `tessera-role: standby`), the
+//! next call goes to the next address. Callers already retry while the coordinator
 //! is unavailable, so they find the active one within a retry or two;
 //! [`find_active`] does that up front for one-shot commands.
 
@@ -31,14 +32,16 @@ pub const ROLE_HEADER: &str = "tessera-role";
 #[derive(Clone)]
 pub struct Failover {
     channels: Arc<[Channel]>,
+    /// The address of each channel, for messages.
+    urls: Arc<[String]>,
     /// Shared by every channel made for the same address list, so a
     /// command's later connections start where the probe found the active one.
     current: Arc<AtomicUsize>,
 }
 
 impl Failover {
-    /// One channel per address, in order.
-    pub fn new(channels: Vec<Channel>, key: &str) -> Self {
+    /// One channel per address (`urls`, in order).
+    pub fn new(channels: Vec<Channel>, urls: Vec<String>, key: &str) -> Self {
         static CURRENT: OnceLock<Mutex<HashMap<String, Arc<AtomicUsize>>>> = OnceLock::new();
         let current = CURRENT
             .get_or_init(Default::default)
@@ -49,6 +52,7 @@ impl Failover {
             .clone();
         Self {
             channels: channels.into(),
+            urls: urls.into(),
             current,
         }
     }
@@ -66,7 +70,7 @@ impl Failover {
 
 impl Service<http::Request<Body>> for Failover {
     type Response = http::Response<Body>;
-    type Error = tonic::transport::Error;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -79,12 +83,37 @@ impl Service<http::Request<Body>> for Failover {
         let i = self.current.load(Ordering::SeqCst) % n;
         let mut channel = self.channels[i].clone();
         let current = self.current.clone();
+        let urls = self.urls.clone();
+        // Enforced here, not only by the channel: a call waiting for a
+        // connection to a silent peer is timed too.
+        let deadline = crate::deadline::of(req.headers());
         Box::pin(async move {
-            let result = async {
+            let call = async {
                 std::future::poll_fn(|cx| channel.poll_ready(cx)).await?;
                 channel.call(req).await
+            };
+            let mut result: Result<Self::Response, Self::Error> = match deadline {
+                Some(d) => match tokio::time::timeout(d, call).await {
+                    Ok(r) => r.map_err(Into::into),
+                    Err(_) => Err(Box::new(tonic::TimeoutExpired(()))),
+                },
+                None => call.await.map_err(Into::into),
+            };
+            // The channel times the call too, and its word may come first.
+            if let (Some(d), Err(e)) = (deadline, &result) {
+                if timed_out(e.as_ref()) {
+                    let url = urls.get(i).map_or("?", String::as_str);
+                    let next = if n > 1 {
+                        format!("; trying {} next", urls[(i + 1) % n])
+                    } else {
+                        String::new()
+                    };
+                    let words =
+                        format!("the coordinator at {url} did not answer within {d:?}{next}");
+                    tracing::warn!("{words}");
+                    result = Err(tonic::Status::deadline_exceeded(words).into());
+                }
             }
-            .await;
             let move_on = match &result {
                 Err(_) => true,
                 Ok(r) => r
@@ -99,6 +128,18 @@ impl Service<http::Request<Body>> for Failover {
             result
         })
     }
+}
+
+/// Whether `e` (or what caused it) is a call running past its deadline.
+fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(e);
+    while let Some(e) = source {
+        if e.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }
 
 /// The addresses a `--coordinator` value stands for: its comma-separated
@@ -166,10 +207,24 @@ pub async fn find_active(conn: crate::agent::Conn, addresses: usize) {
     }
     let mut blobs = tessera_proto::blobs_client::BlobsClient::new(conn);
     for _ in 0..addresses * 2 {
-        let probe = blobs.missing_blobs(tessera_proto::MissingBlobsRequest { digests: vec![] });
-        match tokio::time::timeout(Duration::from_secs(5), probe).await {
-            Ok(Ok(_)) => return,
-            Ok(Err(s)) if s.code() != tonic::Code::Unavailable => return,
+        // A deadline on the request (not a timeout around it), so that a
+        // silent address is passed over like an unreachable one.
+        let probe = crate::deadline::request(
+            tessera_proto::MissingBlobsRequest { digests: vec![] },
+            Duration::from_secs(5),
+        );
+        match blobs.missing_blobs(probe).await {
+            Ok(_) => return,
+            Err(s)
+                if !matches!(
+                    s.code(),
+                    tonic::Code::Unavailable
+                        | tonic::Code::DeadlineExceeded
+                        | tonic::Code::Cancelled
+                ) =>
+            {
+                return
+            }
             _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
@@ -223,5 +278,49 @@ mod tests {
         // One address: the name stays as given.
         let one = addresses_with("http://coord-a.example:7878", resolve).unwrap();
         assert_eq!(one, vec![("http://coord-a.example:7878".to_string(), None)]);
+    }
+
+    #[tokio::test]
+    async fn a_silent_address_is_left_when_a_call_runs_past_its_deadline() {
+        // Both accept connections (the kernel does) and never answer.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (a, b) = (
+            format!("http://{}", silent.local_addr().unwrap()),
+            format!("http://{}", other.local_addr().unwrap()),
+        );
+        let access = crate::agent::Access {
+            url: format!("{a},{b}"),
+            ..Default::default()
+        };
+        let conn =
+            crate::agent::channel_with_deadline(&access, Duration::from_millis(300)).unwrap();
+        let mut blobs = tessera_proto::blobs_client::BlobsClient::new(conn);
+        let ask = || tessera_proto::MissingBlobsRequest { digests: vec![] };
+        let started = std::time::Instant::now();
+        let err = blobs.missing_blobs(ask()).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::DeadlineExceeded, "{err:?}");
+        assert!(
+            err.message()
+                .contains(&format!("the coordinator at {a} did not answer within"))
+                && err.message().contains(&format!("trying {b} next")),
+            "{err:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        // The next call goes to the next address; a call's own deadline wins.
+        let err = blobs
+            .missing_blobs(crate::deadline::request(ask(), Duration::from_millis(100)))
+            .await
+            .unwrap_err();
+        assert!(
+            err.message().contains(&format!(
+                "the coordinator at {b} did not answer within 100ms"
+            )),
+            "{err:?}"
+        );
     }
 }

@@ -4,6 +4,7 @@
 //! # Layout
 //! - [`agent`]: registration and the per-slot lease loop.
 //! - [`failover`]: several coordinator addresses, finding the active one.
+//! - [`deadline`]: every call's deadline, and how long each kind of call gets.
 //! - [`blender`]: render requests and results, the `Renderer` trait, reading Blender's output.
 //! - [`slots`]: one slot per GPU, CPU slots, declared GPUs for tests.
 //! - [`session`]: Blender sessions, warm per job and slot (or one per task).
@@ -28,6 +29,7 @@ pub mod blender;
 pub mod cache;
 pub mod capabilities;
 pub mod corrupt;
+pub mod deadline;
 pub mod error;
 pub mod failover;
 pub mod failure;

@@ -91,8 +91,12 @@ pub async fn put_file(
         }
         Ok::<(), Error>(())
     });
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
     let sent = blobs
-        .put_blob(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .put_blob(crate::deadline::request(
+            stream,
+            crate::deadline::upload(size),
+        ))
         .await;
     reader.await.expect("upload reader")?;
     sent?;

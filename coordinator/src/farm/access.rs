@@ -31,7 +31,9 @@ pub(super) struct AccessState {
     referenced: HashMap<String, HashSet<Digest>>,
     /// The worker each grant went to, so that a result from an older grant
     /// (accepted when it is the first) is checked against its own holder.
-    /// In memory only: after a restart only current holders are known.
+    /// In memory only; after a restart or a failover, holders are found in
+    /// the tasks: the current grant's in its state, ended grants' in its
+    /// attempts (see `Farm::lease_holder`).
     holders: HashMap<LeaseId, WorkerId>,
     /// How many holders were left at the last pruning.
     kept: usize,
@@ -82,7 +84,11 @@ impl Farm {
     }
 
     /// Fails with `permission denied` unless `lease` was granted to a worker
-    /// that `who` registered.
+    /// that `who` registered. A lease whose holder is no longer known (it
+    /// ended before a restart or a failover and left no attempt on record)
+    /// gets the true reason it ended, as [`Farm::stale_reason`] words it, so
+    /// that its worker drops the task; "not granted" is kept for ids that
+    /// were never granted.
     pub fn check_lease(&self, who: &Identity, lease: LeaseId) -> Result<(), Error> {
         let st = self.lock();
         match Self::lease_holder(&st, lease) {
@@ -90,10 +96,30 @@ impl Farm {
             Some(w) => Err(Error::PermissionDenied(format!(
                 "lease {lease} is held by worker {w}, which is not registered with this token; report only the leases of your own workers"
             ))),
-            None => Err(Error::PermissionDenied(format!(
-                "lease {lease} was not granted to a worker registered with this token; report only the leases of your own workers"
-            ))),
+            None => Err(Self::unknown_holder(&st, lease)),
         }
+    }
+
+    /// What a report on `lease` is told when nobody is known to have held it.
+    fn unknown_holder(st: &State, lease: LeaseId) -> Error {
+        let granted = st
+            .tasks
+            .get(&lease.job)
+            .and_then(|t| t.get(lease.task as usize))
+            .is_some_and(|t| lease.grant >= 1 && lease.grant <= t.grants);
+        if granted {
+            if let Some(why) = Self::stale_reason(st, lease) {
+                return why;
+            }
+        } else if st.archived.contains_key(&lease.job) {
+            return Error::NotFound(format!(
+                "job {} of lease {lease} (it ended and was archived); drop this task",
+                lease.job
+            ));
+        }
+        Error::PermissionDenied(format!(
+            "lease {lease} was not granted to a worker registered with this token; report only the leases of your own workers"
+        ))
     }
 
     /// [`Farm::check_lease`], and every output must be a blob `who` uploaded:
@@ -325,7 +351,9 @@ impl Farm {
         }
     }
 
-    /// The worker grant `lease` went to, when known.
+    /// The worker grant `lease` went to, when known: remembered since the
+    /// grant, the task's current holder, or the holder of an ended grant
+    /// as its attempt records it (durable, so known after a failover too).
     fn lease_holder(st: &State, lease: LeaseId) -> Option<WorkerId> {
         if let Some(w) = st.access.holders.get(&lease) {
             return Some(w.clone());
@@ -335,7 +363,12 @@ impl Farm {
             TaskState::Leased { worker, grant, .. } if *grant == lease.grant => {
                 Some(worker.clone())
             }
-            _ => None,
+            _ => task
+                .attempts
+                .iter()
+                .rev()
+                .find(|a| a.grant == lease.grant)
+                .map(|a| a.worker.clone()),
         }
     }
 

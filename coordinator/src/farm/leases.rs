@@ -198,6 +198,61 @@ impl Farm {
         Ok((task.clone(), job.clone()))
     }
 
+    /// Why `lease` is no longer the current grant of its task, in words
+    /// that tell its worker to drop the task; `None` while it is current.
+    /// A job or task that is gone is "not found"; every other reason (the
+    /// job was cancelled, paused or failed, the task is done, its lease
+    /// expired and it was queued or served again) is a conflict.
+    pub(super) fn stale_reason(st: &State, lease: LeaseId) -> Option<Error> {
+        let (j, t) = (lease.job, lease.task);
+        let Some(job) = st.jobs.get(&j) else {
+            return Some(Error::NotFound(format!(
+                "job {j} of lease {lease} (it was deleted or archived); drop this task"
+            )));
+        };
+        let Some(task) = st.tasks.get(&j).and_then(|l| l.get(t as usize)) else {
+            return Some(Error::NotFound(format!(
+                "task {j}.{t} of lease {lease}; drop this task"
+            )));
+        };
+        let why = match (&task.state, job.state) {
+            (TaskState::Leased { grant, .. }, _) if *grant == lease.grant => return None,
+            (_, JobState::Canceled) | (TaskState::Canceled, _) => {
+                format!("job {j} was cancelled; drop this task (lease {lease})")
+            }
+            (TaskState::Done { .. }, _) => format!(
+                "task {j}.{t} was already completed; this result is not needed; drop this task (lease {lease})"
+            ),
+            (_, JobState::Failed) | (TaskState::Failed { .. }, _) => {
+                format!("job {j} failed; drop this task (lease {lease})")
+            }
+            (TaskState::Leased { grant, .. }, _) => format!(
+                "lease {lease} expired and task {j}.{t} was served again (grant {grant}); drop this task"
+            ),
+            (TaskState::Queued, JobState::Paused) => format!(
+                "job {j} was paused and its task went back to the queue; drop this task (lease {lease})"
+            ),
+            (TaskState::Queued, _) => format!(
+                "lease {lease} expired (not renewed within the lease TTL) and its task went back to the queue; drop this task"
+            ),
+        };
+        Some(Error::Conflict(why))
+    }
+
+    /// Why `lease` is no longer current (see [`Farm::stale_reason`]), or
+    /// an empty string while it is: for a renewal that says "stop".
+    pub fn why_stale(&self, lease: LeaseId) -> String {
+        Self::stale_reason(&self.lock(), lease).map_or_else(String::new, |e| e.to_string())
+    }
+
+    /// `e`, or when it says only that `lease` was lost, the true reason.
+    pub(super) fn explain_lost(st: &State, lease: LeaseId, e: Error) -> Error {
+        match e {
+            Error::LeaseLost(_) => Self::stale_reason(st, lease).unwrap_or(e),
+            e => e,
+        }
+    }
+
     /// Saves a change to a job and its tasks, counting a worker's success
     /// or failure in its record.
     pub(super) fn apply(
@@ -261,7 +316,8 @@ impl Farm {
         let ticket = {
             let mut st = self.lock();
             let (mut task, job) = Self::find(&st, lease)?;
-            task.release(lease.grant)?;
+            task.release(lease.grant)
+                .map_err(|e| Self::explain_lost(&st, lease, e))?;
             if preempted {
                 Self::ending(
                     &mut st,

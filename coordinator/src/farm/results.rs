@@ -107,7 +107,9 @@ impl Farm {
                         });
                     }
                 };
-            let completion = task.complete(lease.grant, outputs)?;
+            let completion = task
+                .complete(lease.grant, outputs)
+                .map_err(|e| Self::explain_lost(&st, lease, e))?;
             if completion == Completion::Recorded && !current {
                 // Another grant's result came first: the holder's render is wasted.
                 Self::ending(
@@ -224,7 +226,9 @@ impl Farm {
                 tracing::warn!(job = %job.id, worker = %h, "worker blocked for this job after {n} failures");
             }
         }
-        let outcome = task.fail(lease.grant, message.clone(), max)?;
+        let outcome = task
+            .fail(lease.grant, message.clone(), max)
+            .map_err(|e| Self::explain_lost(&st, lease, e))?;
         self.count_stat(|s| s.attempts_failed += 1);
         let mut changed = Vec::new();
         if outcome == FailOutcome::Failed && !job.state.is_final() {

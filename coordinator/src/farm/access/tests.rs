@@ -597,3 +597,130 @@ fn holders_of_finished_tasks_are_forgotten() {
     );
     assert_eq!(st.access.holders.get(&last.lease), Some(&w));
 }
+
+/// Checks a result as the gRPC handler does, then records it.
+fn report(
+    farm: &Farm,
+    who: &Identity,
+    lease: LeaseId,
+    out: &FrameOutput,
+) -> Result<Completion, Error> {
+    farm.check_complete(who, lease, std::slice::from_ref(out))?;
+    farm.complete(lease, vec![out.clone()])
+}
+
+fn conflict<T: std::fmt::Debug>(r: Result<T, Error>, naming: &str) {
+    match r {
+        Err(Error::Conflict(m)) => assert!(m.contains(naming), "{m}"),
+        other => panic!("expected a conflict naming {naming}, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_stale_lease_is_told_the_true_reason_after_a_failover_too() {
+    let f = fixture();
+    let (ours, theirs) = (worker_token("render-01"), worker_token("render-02"));
+    let w1 = register(&f.farm, "render-01", None).unwrap();
+    let w2 = register(&f.farm, "render-02", None).unwrap();
+    let frame = upload(&f.farm, &f.blobs, &ours, b"frame one");
+    let out = FrameOutput {
+        frame: 1,
+        digest: frame,
+        ext: "png".into(),
+        size: 9,
+        pass: String::new(),
+    };
+    let none = HashSet::new();
+    // One job is cancelled while render-01 renders it; one lease is current.
+    let c = submit(&f, "alice", "1");
+    let cancelled = f.farm.try_lease(&w1, &none).unwrap().unwrap().lease;
+    assert_eq!(cancelled.job, c);
+    f.farm.cancel(c).unwrap();
+    submit(&f, "alice", "1");
+    let current = f.farm.try_lease(&w1, &none).unwrap().unwrap().lease;
+    // Two leases expire; render-02 takes one task again, the other waits.
+    submit(&f, "alice", "1");
+    submit(&f, "alice", "1");
+    let x = f.farm.try_lease(&w1, &none).unwrap().unwrap();
+    let y = f.farm.try_lease(&w1, &none).unwrap().unwrap();
+    f.clock.advance(1500);
+    assert!(f.farm.progress(current, 0, (0, 0)).unwrap());
+    f.farm.expire_leases().unwrap();
+    let again = f.farm.try_lease(&w2, &none).unwrap().unwrap();
+    let (served_again, queued) = if again.lease.job == x.lease.job {
+        (x.lease, y.lease)
+    } else {
+        (y.lease, x.lease)
+    };
+    assert_eq!(again.lease.task, served_again.task);
+
+    // A new active coordinator opens the same store: no holders in memory.
+    let b = Farm::open(f.store.clone(), f.blobs.clone(), f.clock.clone(), config()).unwrap();
+    assert!(b.lock().access.holders.is_empty());
+    // The current grant's result is accepted from its holder's token only.
+    denied(b.check_lease(&theirs, current), &format!("worker {w1}"));
+    assert_eq!(
+        report(&b, &ours, current, &out).unwrap(),
+        Completion::Recorded
+    );
+    // A late duplicate is accepted as one.
+    assert_eq!(
+        report(&b, &ours, current, &out).unwrap(),
+        Completion::Duplicate
+    );
+    // The cancelled job's report says so.
+    conflict(
+        report(&b, &ours, cancelled, &out),
+        &format!("job {c} was cancelled"),
+    );
+    assert!(
+        b.why_stale(cancelled).contains("was cancelled"),
+        "{}",
+        b.why_stale(cancelled)
+    );
+    // An expired lease: renewals stop with the reason, a failure is refused
+    // with it; the first result of an older grant is still taken.
+    assert!(!b.progress(served_again, 0, (0, 0)).unwrap());
+    let why = b.why_stale(served_again);
+    assert!(
+        why.contains("expired") && why.contains("served again (grant 2)"),
+        "{why}"
+    );
+    conflict(
+        b.fail(served_again, "late", "", FailureScope::Transient),
+        "served again",
+    );
+    conflict(
+        b.fail(queued, "late", "", FailureScope::Transient),
+        "went back to the queue",
+    );
+    // Another token still cannot report render-01's ended grant.
+    denied(
+        b.check_lease(&theirs, served_again),
+        &format!("worker {w1}"),
+    );
+    assert_eq!(
+        report(&b, &ours, queued, &out).unwrap(),
+        Completion::Recorded
+    );
+    // With no holder on record at all (attempts trimmed), the reason is
+    // given instead of "not granted"; ids never granted are still refused.
+    for t in b.lock().tasks.get_mut(&c).unwrap() {
+        t.attempts.clear();
+    }
+    b.lock().access.holders.clear();
+    conflict(
+        b.check_lease(&theirs, cancelled),
+        &format!("job {c} was cancelled"),
+    );
+    denied(
+        b.check_lease(
+            &ours,
+            LeaseId {
+                grant: 2,
+                ..cancelled
+            },
+        ),
+        "not granted",
+    );
+}
