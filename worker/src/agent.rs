@@ -194,26 +194,65 @@ pub fn transient(status: &tonic::Status) -> bool {
     )
 }
 
+/// Capped exponential backoff between tries of one call, bounded by a
+/// patience so that nothing waits without end.
+struct Backoff {
+    start: tokio::time::Instant,
+    delay: Duration,
+    patience: Duration,
+}
+
+impl Backoff {
+    /// The first wait, and the longest.
+    const FIRST: Duration = Duration::from_millis(200);
+    const CAP: Duration = Duration::from_secs(3);
+
+    fn new(patience: Duration) -> Self {
+        Self {
+            start: tokio::time::Instant::now(),
+            delay: Self::FIRST,
+            patience,
+        }
+    }
+
+    /// Waits before the next try of `what`, which failed with `why`; false
+    /// (without waiting) once the patience is spent.
+    async fn wait(&mut self, what: &str, why: &str) -> bool {
+        if self.start.elapsed() >= self.patience {
+            return false;
+        }
+        let delay = self.delay;
+        tracing::warn!("{what}: {why}; retrying in {delay:?}");
+        tokio::time::sleep(delay).await;
+        self.delay = (delay * 2).min(Self::CAP);
+        true
+    }
+}
+
 /// Retries `f` while it fails transiently, up to `patience`.
 async fn retry<T, F, Fut>(what: &str, patience: Duration, mut f: F) -> Result<T, tonic::Status>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, tonic::Status>>,
 {
-    let start = tokio::time::Instant::now();
-    let mut delay = Duration::from_millis(200);
+    let mut backoff = Backoff::new(patience);
     loop {
         match f().await {
             Ok(v) => return Ok(v),
-            Err(s) if transient(&s) && start.elapsed() < patience => {
-                tracing::warn!("{what}: {}; retrying in {delay:?}", s.message());
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(3));
+            Err(s) if transient(&s) => {
+                if !backoff.wait(what, s.message()).await {
+                    return Err(s);
+                }
             }
             Err(s) => return Err(s),
         }
     }
 }
+
+/// How long a task's scene and files are fetched again while the
+/// coordinator (or its blob store) does not answer, before the task is
+/// given back as failed for another try. The lease is renewed meanwhile.
+const FETCH_PATIENCE: Duration = Duration::from_secs(120);
 
 /// How long results are held for a coordinator that is down.
 const RESULT_PATIENCE: Duration = Duration::from_secs(600);
@@ -630,13 +669,21 @@ async fn execute<R: Renderer>(
     let root = match task.file_set_digest.as_str() {
         "" => None,
         set => {
-            let mut attempt = 0;
+            let mut backoff = Backoff::new(FETCH_PATIENCE);
             loop {
-                attempt += 1;
                 match shared.files.root(set, &mut blobs).await {
                     Ok(g) => break Some(g),
-                    Err(Error::Rpc(s)) if transient(&s) && attempt < 20 => {
-                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    Err(Error::Rpc(s)) if transient(&s) => {
+                        if *stop.borrow() {
+                            return Err(RenderFailure::Stopped);
+                        }
+                        if !backoff.wait("fetching the job's files", s.message()).await {
+                            return Err(transfer_failed(format!(
+                                "cannot fetch the job's files for {}s: {}",
+                                FETCH_PATIENCE.as_secs(),
+                                s.message()
+                            )));
+                        }
                     }
                     Err(e @ Error::Io { .. }) => {
                         return Err(failure(
@@ -658,13 +705,21 @@ async fn execute<R: Renderer>(
     let scene = if let Some(g) = &root {
         g.root.scene.clone()
     } else {
-        let mut attempt = 0;
+        let mut backoff = Backoff::new(FETCH_PATIENCE);
         loop {
-            attempt += 1;
             match shared.cache.scene(&task.scene_digest, &mut blobs).await {
                 Ok(p) => break p,
-                Err(Error::Rpc(s)) if transient(&s) && attempt < 20 => {
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                Err(Error::Rpc(s)) if transient(&s) => {
+                    if *stop.borrow() {
+                        return Err(RenderFailure::Stopped);
+                    }
+                    if !backoff.wait("fetching the scene", s.message()).await {
+                        return Err(transfer_failed(format!(
+                            "cannot fetch the scene for {}s: {}",
+                            FETCH_PATIENCE.as_secs(),
+                            s.message()
+                        )));
+                    }
                 }
                 Err(e @ Error::Io { .. }) => {
                     return Err(failure(
