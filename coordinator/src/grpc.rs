@@ -595,7 +595,11 @@ impl pb::work_server::Work for WorkService {
         let lease = lease(&req.lease_id)?;
         self.farm.check_lease(&who, lease)?;
         let preempted = req.preempted;
-        blocking(&self.farm, move |f| f.release(lease, preempted)).await?;
+        let reason = req.reason;
+        blocking(&self.farm, move |f| {
+            f.release_saying(lease, preempted, &reason)
+        })
+        .await?;
         Ok(Response::new(pb::Ack {}))
     }
 }

@@ -419,6 +419,14 @@ async fn slot_loop<R: Renderer>(
     let mut client = pb::work_client::WorkClient::new(shared.channel.clone());
     let mut delay = Duration::from_millis(200);
     while !*shutdown.borrow() {
+        // A full cache takes no work it could not hold (the refusal said
+        // why, with its numbers); it looks again every two seconds.
+        if !shared.cache.has_room() {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(2)) => continue,
+                _ = shutdown.changed() => break,
+            }
+        }
         let req = pb::LeaseRequest {
             worker_id: shared.worker_id.read().await.clone(),
             slot,
@@ -564,6 +572,26 @@ async fn run_task<R: Renderer>(
                 Err(s) => tracing::warn!(%lease, "result not recorded: {}", s.message()),
             }
         }
+        Err(RenderFailure::NoRoom(why)) => {
+            // Not the task's fault nor the machine's for good: given back
+            // uncharged, with the reason kept on the job for `status`; the
+            // lease loop takes no work until there is room.
+            let req = pb::ReleaseRequest {
+                lease_id: lease.clone(),
+                preempted: false,
+                reason: format!("worker {}: {why}", shared.config.name),
+            };
+            tracing::warn!(%lease, "giving the task back: {why}");
+            match retry("giving a task back", Duration::from_secs(5), || {
+                let (mut c, r) = (client.clone(), req.clone());
+                async move { c.release(r).await }
+            })
+            .await
+            {
+                Ok(_) => tracing::info!(%lease, "task given back for another worker"),
+                Err(s) => tracing::warn!(%lease, "cannot give the task back: {}", s.message()),
+            }
+        }
         Err(RenderFailure::Stopped) if lost.load(Ordering::Relaxed) => {
             tracing::info!(%lease, "task stopped");
         }
@@ -573,6 +601,7 @@ async fn run_task<R: Renderer>(
             let req = pb::ReleaseRequest {
                 lease_id: lease.clone(),
                 preempted: true,
+                reason: String::new(),
             };
             match retry("releasing a task", Duration::from_secs(5), || {
                 let (mut c, r) = (client.clone(), req.clone());
@@ -673,6 +702,9 @@ async fn execute<R: Renderer>(
             loop {
                 match shared.files.root(set, &mut blobs).await {
                     Ok(g) => break Some(g),
+                    Err(e @ Error::NoSpace { .. }) => {
+                        return Err(RenderFailure::NoRoom(e.to_string()))
+                    }
                     Err(Error::Rpc(s)) if transient(&s) => {
                         if *stop.borrow() {
                             return Err(RenderFailure::Stopped);
@@ -702,13 +734,15 @@ async fn execute<R: Renderer>(
             }
         }
     };
-    let scene = if let Some(g) = &root {
-        g.root.scene.clone()
+    // Held until the render ends: the scene is not evicted meanwhile.
+    let (scene, _scene_hold) = if let Some(g) = &root {
+        (g.root.scene.clone(), None)
     } else {
         let mut backoff = Backoff::new(FETCH_PATIENCE);
         loop {
             match shared.cache.scene(&task.scene_digest, &mut blobs).await {
-                Ok(p) => break p,
+                Ok(hold) => break (hold.path.clone(), Some(hold)),
+                Err(e @ Error::NoSpace { .. }) => return Err(RenderFailure::NoRoom(e.to_string())),
                 Err(Error::Rpc(s)) if transient(&s) => {
                     if *stop.borrow() {
                         return Err(RenderFailure::Stopped);
