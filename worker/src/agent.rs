@@ -702,8 +702,12 @@ async fn execute<R: Renderer>(
             loop {
                 match shared.files.root(set, &mut blobs).await {
                     Ok(g) => break Some(g),
-                    Err(e @ Error::NoSpace { .. }) => {
-                        return Err(RenderFailure::NoRoom(e.to_string()))
+                    Err(e @ Error::NoSpace { needed, .. }) => {
+                        // The file cache evicts by its own bound; this
+                        // worker waits for the room as for a scene.
+                        shared.cache.want_room(needed);
+                        tracing::error!("{e}; taking no work until there is room");
+                        return Err(RenderFailure::NoRoom(e.to_string()));
                     }
                     Err(Error::Rpc(s)) if transient(&s) => {
                         if *stop.borrow() {

@@ -263,10 +263,15 @@ impl SceneCache {
         Ok(hold)
     }
 
+    /// Takes no work until `needed` bytes are free ([`SceneCache::has_room`]).
+    pub fn want_room(&self, needed: u64) {
+        *self.wanted.lock().unwrap() = Some(needed);
+    }
+
     /// Refuses scene `digest` for want of room, and takes no work until
     /// `needed` bytes are free ([`SceneCache::has_room`]).
     fn refuse(&self, digest: &str, needed: u64, evicted: usize) -> Error {
-        *self.wanted.lock().unwrap() = Some(needed);
+        self.want_room(needed);
         let e = Error::NoSpace {
             dir: self.dir.display().to_string(),
             what: format!("scene {}", &digest[..digest.len().min(12)]),
