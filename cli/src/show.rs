@@ -182,6 +182,9 @@ pub fn job(j: &pb::JobView) {
     if !j.waiting.is_empty() {
         println!("  {}", j.waiting);
     }
+    for line in &j.outages {
+        println!("  down      {line}");
+    }
     if !j.message.is_empty() {
         println!("  message   {}", j.message.replace('\n', "\n            "));
     }

@@ -36,6 +36,12 @@ pub trait BlobStore: Send + Sync + 'static {
     fn contains(&self, digest: &Digest) -> bool;
     /// Size of a present blob.
     fn size(&self, digest: &Digest) -> Option<u64>;
+    /// Size of a present blob, or why the store could not say (a store on
+    /// another machine that does not answer), so that a caller tells "not
+    /// there" from "not reachable now".
+    fn try_size(&self, digest: &Digest) -> Result<Option<u64>, Error> {
+        Ok(self.size(digest))
+    }
     /// Starts an upload that claims `digest` and `size`.
     fn writer(&self, digest: Digest, size: u64) -> Result<Box<dyn BlobWriter>, Error>;
     /// Reads a whole blob.
@@ -45,6 +51,12 @@ pub trait BlobStore: Send + Sync + 'static {
 
     /// Deletes a blob (a no-op when absent).
     fn remove(&self, digest: &Digest) -> Result<(), Error>;
+
+    /// Whether the store answers, for a store on another machine (none for
+    /// a local one).
+    fn health(&self) -> Option<crate::store::StoreHealth> {
+        None
+    }
 
     /// Stores `bytes` whole (verifying them against `digest`).
     fn put(&self, digest: Digest, bytes: &[u8]) -> Result<bool, Error> {

@@ -224,6 +224,8 @@ impl From<&JobSnapshot> for pb::JobView {
                 .iter()
                 .filter(|t| t.verify.as_ref().is_some_and(|v| !v.candidates.is_empty()))
                 .count() as u32,
+            // The farm's, not the job's: filled by the handler.
+            outages: Vec::new(),
         }
     }
 }

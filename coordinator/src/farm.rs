@@ -422,6 +422,22 @@ impl Farm {
         self.store.health()
     }
 
+    /// Whether the blob store answers, for a store on another machine.
+    pub fn blobs_health(&self) -> Option<crate::store::StoreHealth> {
+        self.blobs.health()
+    }
+
+    /// What the farm depends on that does not answer now, one line each
+    /// (`blobs: S3 … unreachable since … (why)`); empty when all answer.
+    pub fn outages(&self) -> Vec<String> {
+        [self.store_health(), self.blobs_health()]
+            .into_iter()
+            .flatten()
+            .filter(|h| !h.up())
+            .map(|h| h.line())
+            .collect()
+    }
+
     /// Changes from now on. A receiver that falls behind gets
     /// `Lagged` and should re-read what it shows.
     pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<FarmEvent> {

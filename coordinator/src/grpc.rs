@@ -209,8 +209,9 @@ impl pb::blobs_server::Blobs for BlobsService {
         let d = digest("digest", &req.into_inner().digest)?;
         self.farm.check_read(&who, &d)?;
         let blobs: Arc<dyn BlobStore> = self.farm.blobs().clone();
+        // Unreachable (Unavailable, retried by the caller) is not missing.
         let size = blobs
-            .size(&d)
+            .try_size(&d)?
             .ok_or_else(|| Status::not_found(format!("blob {d} not found")))?;
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         tokio::task::spawn_blocking(move || {
@@ -263,7 +264,9 @@ impl pb::farm_server::Farm for FarmService {
         let snap = self
             .farm
             .job_page(id, crate::convert::page(req.get_ref()))?;
-        Ok(Response::new((&snap).into()))
+        let mut view: pb::JobView = (&snap).into();
+        view.outages = self.farm.outages();
+        Ok(Response::new(view))
     }
 
     async fn list_jobs(
@@ -602,7 +605,11 @@ impl pb::work_server::Work for WorkService {
         let lease = lease(&req.lease_id)?;
         self.farm.check_lease(&who, lease)?;
         let preempted = req.preempted;
-        blocking(&self.farm, move |f| f.release(lease, preempted)).await?;
+        let reason = req.reason;
+        blocking(&self.farm, move |f| {
+            f.release_saying(lease, preempted, &reason)
+        })
+        .await?;
         Ok(Response::new(pb::Ack {}))
     }
 }

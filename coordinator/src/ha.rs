@@ -52,7 +52,9 @@
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
-use crate::store::postgres::{describe, parse_url, pg_error, session_settings, CHECK_SERVER};
+use crate::store::postgres::{
+    connect, describe, parse_url, pg_error, session_settings, PgTls, CHECK_SERVER,
+};
 use crate::store::StoreHealth;
 
 pub mod lease;
@@ -152,6 +154,8 @@ pub enum Attempt {
 /// leader row, opened again whenever it fails.
 pub struct Election {
     config: tokio_postgres::Config,
+    /// Plain, or TLS verified against the URL's CA (`sslmode=verify-full`).
+    tls: PgTls,
     client: tokio::sync::Mutex<Option<tokio_postgres::Client>>,
     holder: String,
     url: String,
@@ -184,10 +188,11 @@ impl Election {
     ) -> Result<Self, Error> {
         let timing = Timing::new(failover);
         let session = session_name(holder);
-        let mut config = parse_url(store_url)?;
+        let (mut config, tls) = parse_url(store_url)?;
         session_settings(&mut config, &session, timing.deadline);
         let election = Self {
             config,
+            tls,
             client: tokio::sync::Mutex::new(None),
             holder: holder.to_string(),
             url: advertise.to_string(),
@@ -225,16 +230,9 @@ impl Election {
         let mut slot = self.client.lock().await;
         let attempt = async {
             if slot.as_ref().is_none_or(|c| c.is_closed()) {
-                let (client, connection) = self
-                    .config
-                    .connect(tokio_postgres::NoTls)
+                let client = connect(&self.config, &self.tls)
                     .await
                     .map_err(|e| pg_error(&format!("cannot {what}"), e))?;
-                tokio::spawn(async move {
-                    if let Err(e) = connection.await {
-                        tracing::debug!("the election's PostgreSQL connection ended: {e}");
-                    }
-                });
                 *slot = Some(client);
             }
             let client = slot.as_ref().expect("connected above");

@@ -401,7 +401,8 @@ pub fn render(farm: &Farm, who: &crate::auth::Identity) -> String {
     }
     // Only an active coordinator has a farm to render.
     let store = farm.store_health().map(|h| h.metrics()).unwrap_or_default();
-    o.0 + &role(true) + &store
+    let blobs = farm.blobs_health().map(|h| h.metrics()).unwrap_or_default();
+    o.0 + &role(true) + &store + &blobs
 }
 
 /// Frame verification: results compared, and tasks whose results differed.

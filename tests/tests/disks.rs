@@ -176,3 +176,150 @@ fn a_full_data_volume_refuses_work_until_freed_and_loses_nothing() {
     drop(worker);
     drop(coord);
 }
+
+/// The scenes in a worker's cache: every file is a whole scene whose bytes
+/// hash to its name (nothing half-written, no temporary file); returns
+/// their digests.
+fn assert_scene_cache_whole(cache: &Path) -> Vec<String> {
+    let mut digests = Vec::new();
+    for e in std::fs::read_dir(cache.join("scenes")).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        let digest = name
+            .strip_suffix(".blend")
+            .unwrap_or_else(|| panic!("a stray file in the scene cache: {name}"));
+        let bytes = std::fs::read(e.path()).unwrap();
+        assert_eq!(
+            blake3::hash(&bytes).to_hex().as_str(),
+            digest,
+            "a broken scene in the cache: {name}"
+        );
+        digests.push(digest.to_string());
+    }
+    let tmp: Vec<_> = std::fs::read_dir(cache.join("tmp")).unwrap().collect();
+    assert!(tmp.is_empty(), "partial files in the cache's tmp: {tmp:?}");
+    digests
+}
+
+/// A worker's cache on a small tmpfs: a scene that does not fit evicts the
+/// scenes no task uses; when even that is not enough the worker gives the
+/// task back, uncharged, saying why (in `status` and its log), takes no
+/// work until there is room, and leaves nothing half-written; once space
+/// is freed it goes on and the job finishes exact.
+#[test]
+fn a_full_worker_cache_evicts_then_refuses_saying_why_and_goes_on_when_freed() {
+    let dir = scratch();
+    let cache = dir.path().join("cache-w");
+    let Some(disk) = Tmpfs::mount_or_skip("full worker cache", &cache, 24) else {
+        return;
+    };
+    let small = |samples: &str| {
+        scene(&[
+            "--kind",
+            "anim",
+            "--width",
+            "64",
+            "--height",
+            "48",
+            "--samples",
+            samples,
+            "--frames",
+            "2",
+        ])
+    };
+    let (a, b, c) = (small("8"), small("9"), small("10"));
+    let size = |p: &Path| std::fs::metadata(p).unwrap().len();
+    let (sa, sb) = (size(&a), size(&b));
+    let digest = |p: &Path| {
+        blake3::hash(&std::fs::read(p).unwrap())
+            .to_hex()
+            .to_string()
+    };
+    let coord = Coordinator::start(
+        &dir.path().join("data"),
+        "127.0.0.1:0",
+        &["--lease-ttl", "3"],
+    );
+    let url = coord.url.clone();
+    let worker = worker(&url, dir.path(), "w");
+
+    let job_a = submit(&url, &a, &["--frames", "1-2"]);
+    wait_for(&url, job_a, LONG, "job A", |j| j["state"] == "done");
+    assert_eq!(assert_scene_cache_whole(&cache), vec![digest(&a)]);
+
+    // Room for B only once A, which no task uses any more, is evicted.
+    const MARGIN: u64 = 1 << 20;
+    let target = sb + MARGIN - sa / 2;
+    let free = disk.free();
+    assert!(free > target, "{free} bytes free on a 24 MiB tmpfs");
+    std::fs::write(cache.join("filler"), vec![7u8; (free - target) as usize]).unwrap();
+    let job_b = submit(&url, &b, &["--frames", "1-2"]);
+    wait_for(&url, job_b, LONG, "job B", |j| j["state"] == "done");
+    assert!(
+        worker.log().contains("evicted a cached scene no task uses"),
+        "{}",
+        worker.log()
+    );
+    assert_eq!(assert_scene_cache_whole(&cache), vec![digest(&b)]);
+
+    // No room at all: C is refused, saying why, and nothing is charged.
+    disk.fill("filler2");
+    let job_c = submit(&url, &c, &["--frames", "1-2"]);
+    let words = "no space in this worker's cache";
+    let refused = wait_for(&url, job_c, LONG, "the refusal", |j| {
+        j["warnings"]
+            .as_array()
+            .is_some_and(|w| w.iter().any(|w| w.as_str().unwrap().contains(words)))
+    });
+    let text = cli_ok(&url, &["status", &job_c.to_string()]);
+    assert!(
+        text.contains(words) && text.contains("worker w") && text.contains("free space there"),
+        "{text}"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || worker
+            .log()
+            .contains("taking no work until there is room")),
+        "{}",
+        worker.log()
+    );
+    // It stays refused without charging attempts or failing the job.
+    std::thread::sleep(Duration::from_secs(4));
+    let waiting = status(&url, job_c);
+    assert_eq!(waiting["tasks_failed"], 0, "{waiting:#}");
+    assert_eq!(waiting["tasks_done"], 0, "{waiting:#}");
+    assert!(
+        waiting["state"] == "queued" || waiting["state"] == "running",
+        "{waiting:#}"
+    );
+    assert!(
+        waiting["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["attempt_log"]
+                .as_array()
+                .is_none_or(|l| l.iter().all(|a| a["end"] != "failed"))),
+        "{waiting:#}"
+    );
+    assert_eq!(assert_scene_cache_whole(&cache), vec![digest(&b)]);
+    let refusals = worker.log().matches("giving the task back").count();
+
+    // Freed: it goes on, and the job finishes exact.
+    std::fs::remove_file(cache.join("filler")).unwrap();
+    std::fs::remove_file(cache.join("filler2")).unwrap();
+    let freed = std::time::Instant::now();
+    let done = wait_for(&url, job_c, LONG, "job C", |j| {
+        j["state"] == "done" || j["state"] == "failed"
+    });
+    assert_eq!(done["state"], "done", "{done:#}");
+    let after = freed.elapsed();
+    fetch_exact(&url, job_c, &c, 1..=2, dir.path());
+    assert_scene_cache_whole(&cache);
+    eprintln!(
+        "full worker cache: scenes of {sa} and {sb} bytes; the second evicted the first; \
+         refused {refusals} time(s) while full ({}); job done {:.1} s after space was freed",
+        refused["warnings"][0],
+        after.as_secs_f64()
+    );
+}

@@ -646,3 +646,157 @@ fn postgres_restarting_mid_job_fast_or_immediate_stops_neither_coordinator() {
         );
     }
 }
+
+#[test]
+fn s3_killed_mid_job_and_started_again_loses_no_frame_and_says_it_is_down() {
+    let test = "s3_killed_mid_job_and_started_again";
+    let Some(pg) = PgServer::start_or_skip(test) else {
+        return;
+    };
+    let Some(mut s3) = s3_or_skip(test) else {
+        return;
+    };
+    let dir = scratch();
+    let scene = scene(&["--kind", "anim", "--frames", "8", "--samples", "128"]);
+    let data = dir.path().join("data");
+    let blobs = s3.url("outage");
+    let coord = PgCoordinator::start(&data, "127.0.0.1:0", &pg.url(), &blobs, &[], &s3.env());
+    assert!(
+        coord
+            .wait_line("active (epoch 1)", Duration::from_secs(30))
+            .is_some(),
+        "{:?}\n{}",
+        coord.lines(),
+        coord.proc.log()
+    );
+    let (admin, worker_token) = tokens(&data, &coord.url, &[&coord.url]);
+    let env = [("TESSERA_TOKEN", worker_token.as_str())];
+    let mut workers = vec![
+        worker_env(&coord.url, dir.path(), "wa", &[], &env),
+        worker_env(&coord.url, dir.path(), "wb", &[], &env),
+    ];
+    let metrics = || http_get_as(&coord.metrics, Some(&admin)).1;
+    assert!(
+        metrics().contains("\ntessera_blobs_up 1\n"),
+        "{}",
+        metrics()
+    );
+    let started = Instant::now();
+    let job = submit(&coord.url, &scene, &["--frames", "1-6"]);
+    let before = wait_for(&coord.url, job, LONG, "a frame", |j| {
+        j["frames_done"].as_u64().unwrap() >= 1
+    });
+    assert_eq!(before["state"], "running", "{before:#}");
+
+    s3.kill();
+    let down = Instant::now();
+    // While it is down, /metrics and `tessera status` say so.
+    assert!(
+        eventually(Duration::from_secs(15), || metrics()
+            .contains("\ntessera_blobs_up 0\n")),
+        "{}",
+        metrics()
+    );
+    let noticed = down.elapsed();
+    let text = cli_ok(&coord.url, &["status", &job.to_string()]);
+    assert!(
+        text.contains(&format!("blobs: S3 {blobs}")) && text.contains("unreachable since"),
+        "{text}"
+    );
+    let json = status(&coord.url, job);
+    assert!(
+        json["outages"]
+            .as_array()
+            .is_some_and(|o| o.iter().any(|l| l.as_str().unwrap().starts_with("blobs: "))),
+        "{json:#}"
+    );
+    // A worker that joins now must fetch the scene: its download is
+    // retried, not failed.
+    workers.push(worker_env(&coord.url, dir.path(), "wc", &[], &env));
+    // Results in flight at the kill may land; after that nothing is
+    // acknowledged until the frames can be stored.
+    std::thread::sleep(Duration::from_secs(3));
+    let frozen = status(&coord.url, job)["frames_done"].as_u64().unwrap();
+    while down.elapsed() < Duration::from_secs(12) {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = status(&coord.url, job);
+        assert_eq!(
+            now["frames_done"].as_u64().unwrap(),
+            frozen,
+            "a frame was acknowledged while S3 was down: {now:#}"
+        );
+    }
+    let restarted = down.elapsed();
+    s3.start_again().unwrap();
+    let outage = down.elapsed();
+    let back = Instant::now();
+    assert!(
+        eventually(Duration::from_secs(30), || metrics()
+            .contains("\ntessera_blobs_up 1\n")),
+        "{}",
+        metrics()
+    );
+    let up_again = back.elapsed();
+    wait_for(&coord.url, job, LONG, "a frame after S3 is back", |j| {
+        j["frames_done"].as_u64().unwrap() > frozen
+    });
+    let next_frame = back.elapsed();
+    let done = wait_for(&coord.url, job, LONG, "the job to finish", |j| {
+        j["state"] == "done" || j["state"] == "failed"
+    });
+    assert_eq!(done["state"], "done", "{done:#}");
+    let total = started.elapsed();
+    assert!(
+        done["outages"].as_array().is_none_or(|o| o.is_empty()),
+        "{done:#}"
+    );
+    fetch_exact(&coord.url, job, &scene, 1..=6, dir.path());
+
+    // Every task completed once, and both kinds of transfer were retried.
+    let logs: Vec<String> = workers.iter().map(|w| w.log()).collect();
+    let counts = completions(&logs);
+    for index in 0..6 {
+        let prefix = format!("{job}.{index}.");
+        let n: usize = counts
+            .iter()
+            .filter(|(lease, _)| lease.starts_with(&prefix))
+            .map(|(_, n)| n)
+            .sum();
+        assert_eq!(n, 1, "task {index} was completed {n} times: {counts:?}");
+    }
+    let retries = |what: &str| {
+        logs.iter()
+            .flat_map(|l| l.lines())
+            .filter(|l| l.contains(what) && l.contains("retrying in"))
+            .count()
+    };
+    let (uploads, downloads) = (retries("uploading a frame"), retries("fetching the scene"));
+    assert!(downloads > 0, "no download was retried:\n{}", logs[2]);
+    assert!(uploads > 0, "no upload was retried:\n{}", logs.join("\n"));
+    // Every acknowledged frame's blob is in the bucket.
+    let bucket = tessera_coordinator::s3_blobs::S3BlobStore::open_with(
+        &blobs,
+        1 << 30,
+        &s3.env()
+            .iter()
+            .map(|(k, v)| (*k, v.as_str()))
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let keys = bucket.keys().unwrap();
+    for o in done["outputs"].as_array().unwrap() {
+        let d: tessera_coordinator::digest::Digest = o["digest"].as_str().unwrap().parse().unwrap();
+        assert!(keys.contains(&bucket.key(&d)), "{o} is not in the bucket");
+    }
+    eprintln!(
+        "S3 outage: killed, started again after {:.1} s, answering after {:.1} s; tessera_blobs_up 0 after {:.1} s, \
+         1 again {:.1} s after it answered; next frame {:.1} s after that; job {:.1} s in all; \
+         {uploads} upload and {downloads} download retries",
+        restarted.as_secs_f64(),
+        outage.as_secs_f64(),
+        noticed.as_secs_f64(),
+        up_again.as_secs_f64(),
+        next_frame.as_secs_f64(),
+        total.as_secs_f64()
+    );
+}

@@ -380,3 +380,194 @@ fn a_silent_active_lapses_before_the_standby_takes_over_and_is_fenced() {
             .is_empty());
     });
 }
+
+/// Runs `openssl ARGS` in `dir`, asserting that it succeeded.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl runs");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA `NAME.pem` (key `NAME.key`) in `dir`.
+fn test_ca(dir: &std::path::Path, name: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN={name}"),
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.pem"),
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+    );
+}
+
+#[test]
+fn tls_to_postgres_verifies_the_ca_and_the_host_and_says_what_to_fix() {
+    let Some(pg) = PgServer::start_or_skip("tls_to_postgres") else {
+        return;
+    };
+    if std::process::Command::new("openssl")
+        .arg("version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped tls_to_postgres: no openssl to make the test certificates");
+        return;
+    }
+    // A CA, a server certificate it signs for `localhost` only, and a CA
+    // that signed nothing.
+    let dir = tessera_tests::scratch();
+    let d = dir.path();
+    test_ca(d, "ca");
+    test_ca(d, "other-ca");
+    std::fs::write(
+        d.join("server.ext"),
+        "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(
+        d,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-subj",
+            "/CN=localhost",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ],
+    );
+    openssl(
+        d,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+            "-out",
+            "server.crt",
+        ],
+    );
+    pg.enable_ssl(&d.join("server.crt"), &d.join("server.key"))
+        .unwrap();
+    let port = pg.port();
+    let url = |host: &str, ca: &str| {
+        format!(
+            "postgres://tessera@{host}:{port}/tessera?sslmode=verify-full&sslrootcert={}",
+            d.join(ca).display()
+        )
+    };
+    let tls_sessions = || {
+        pg.psql(
+            "postgres",
+            "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+             WHERE a.datname = 'tessera' AND s.ssl",
+        )
+        .unwrap()
+    };
+
+    // The right CA and host: the store opens, over TLS.
+    let started = Instant::now();
+    let store = PgStore::open(&url("localhost", "ca.pem")).unwrap();
+    let opened = started.elapsed();
+    store.load().unwrap();
+    assert_ne!(tls_sessions(), "0", "the store's session is not TLS");
+    drop(store);
+
+    // Another CA, or a host the certificate does not name: refused, saying
+    // TLS, the certificate and the fix.
+    for (url, rustls_words) in [
+        (url("localhost", "other-ca.pem"), "UnknownIssuer"),
+        (url("127.0.0.1", "ca.pem"), "not valid for name"),
+    ] {
+        let msg = PgStore::open(&url).err().expect("refused").to_string();
+        for words in [
+            "TLS to PostgreSQL failed",
+            "invalid peer certificate",
+            rustls_words,
+            "sslrootcert",
+            "fix sslrootcert or the host",
+        ] {
+            assert!(msg.contains(words), "{url}: no {words:?} in: {msg}");
+        }
+        eprintln!("refused: {msg}");
+    }
+
+    // Plain connections still work where the server allows them.
+    let plain = format!("postgres://tessera@127.0.0.1:{port}/tessera?sslmode=disable");
+    PgStore::open(&plain).unwrap().load().unwrap();
+
+    // A coordinator on it: up with the right CA, and with the wrong one it
+    // exits at once with the same words.
+    let data = d.join("data");
+    let coord = tessera_tests::postgres::PgCoordinator::start(
+        &data,
+        "127.0.0.1:0",
+        &url("localhost", "ca.pem"),
+        d.join("blobs").to_str().unwrap(),
+        &[],
+        &[],
+    );
+    assert!(
+        coord
+            .wait_line("active (epoch 1)", Duration::from_secs(30))
+            .is_some(),
+        "{:?}\n{}",
+        coord.lines(),
+        coord.proc.log()
+    );
+    assert_ne!(tls_sessions(), "0");
+    let out = std::process::Command::new(tessera_tests::tessera())
+        .args(["coordinator", "--listen", "127.0.0.1:0", "--data"])
+        .arg(d.join("data-b"))
+        .args(["--store", &url("localhost", "other-ca.pem")])
+        .env_remove("TESSERA_STORE")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("TLS to PostgreSQL failed") && err.contains("UnknownIssuer"),
+        "{err}"
+    );
+    eprintln!(
+        "TLS to PostgreSQL: the store opened over verify-full in {:.0} ms",
+        opened.as_secs_f64() * 1000.0
+    );
+}

@@ -231,26 +231,65 @@ pub fn dropped(status: &tonic::Status) -> bool {
     )
 }
 
+/// Capped exponential backoff between tries of one call, bounded by a
+/// patience so that nothing waits without end.
+struct Backoff {
+    start: tokio::time::Instant,
+    delay: Duration,
+    patience: Duration,
+}
+
+impl Backoff {
+    /// The first wait, and the longest.
+    const FIRST: Duration = Duration::from_millis(200);
+    const CAP: Duration = Duration::from_secs(3);
+
+    fn new(patience: Duration) -> Self {
+        Self {
+            start: tokio::time::Instant::now(),
+            delay: Self::FIRST,
+            patience,
+        }
+    }
+
+    /// Waits before the next try of `what`, which failed with `why`; false
+    /// (without waiting) once the patience is spent.
+    async fn wait(&mut self, what: &str, why: &str) -> bool {
+        if self.start.elapsed() >= self.patience {
+            return false;
+        }
+        let delay = self.delay;
+        tracing::warn!("{what}: {why}; retrying in {delay:?}");
+        tokio::time::sleep(delay).await;
+        self.delay = (delay * 2).min(Self::CAP);
+        true
+    }
+}
+
 /// Retries `f` while it fails transiently, up to `patience`.
 async fn retry<T, F, Fut>(what: &str, patience: Duration, mut f: F) -> Result<T, tonic::Status>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, tonic::Status>>,
 {
-    let start = tokio::time::Instant::now();
-    let mut delay = Duration::from_millis(200);
+    let mut backoff = Backoff::new(patience);
     loop {
         match f().await {
             Ok(v) => return Ok(v),
-            Err(s) if transient(&s) && start.elapsed() < patience => {
-                tracing::warn!("{what}: {}; retrying in {delay:?}", s.message());
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(3));
+            Err(s) if transient(&s) => {
+                if !backoff.wait(what, s.message()).await {
+                    return Err(s);
+                }
             }
             Err(s) => return Err(s),
         }
     }
 }
+
+/// How long a task's scene and files are fetched again while the
+/// coordinator (or its blob store) does not answer, before the task is
+/// given back as failed for another try. The lease is renewed meanwhile.
+const FETCH_PATIENCE: Duration = Duration::from_secs(120);
 
 /// How long results are held for a coordinator that is down.
 const RESULT_PATIENCE: Duration = Duration::from_secs(600);
@@ -417,6 +456,14 @@ async fn slot_loop<R: Renderer>(
     let mut client = pb::work_client::WorkClient::new(shared.channel.clone());
     let mut delay = Duration::from_millis(200);
     while !*shutdown.borrow() {
+        // A full cache takes no work it could not hold (the refusal said
+        // why, with its numbers); it looks again every two seconds.
+        if !shared.cache.has_room() {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(2)) => continue,
+                _ = shutdown.changed() => break,
+            }
+        }
         let req = pb::LeaseRequest {
             worker_id: shared.worker_id.read().await.clone(),
             slot,
@@ -586,6 +633,26 @@ async fn run_task<R: Renderer>(
                 Err(s) => tracing::warn!(%lease, "result not recorded: {}", s.message()),
             }
         }
+        Err(RenderFailure::NoRoom(why)) => {
+            // Not the task's fault nor the machine's for good: given back
+            // uncharged, with the reason kept on the job for `status`; the
+            // lease loop takes no work until there is room.
+            let req = pb::ReleaseRequest {
+                lease_id: lease.clone(),
+                preempted: false,
+                reason: format!("worker {}: {why}", shared.config.name),
+            };
+            tracing::warn!(%lease, "giving the task back: {why}");
+            match retry("giving a task back", Duration::from_secs(5), || {
+                let (mut c, r) = (client.clone(), req.clone());
+                async move { c.release(r).await }
+            })
+            .await
+            {
+                Ok(_) => tracing::info!(%lease, "task given back for another worker"),
+                Err(s) => tracing::warn!(%lease, "cannot give the task back: {}", s.message()),
+            }
+        }
         Err(RenderFailure::Stopped) if lost.load(Ordering::Relaxed) => {
             tracing::info!(%lease, "task stopped");
         }
@@ -595,6 +662,7 @@ async fn run_task<R: Renderer>(
             let req = pb::ReleaseRequest {
                 lease_id: lease.clone(),
                 preempted: true,
+                reason: String::new(),
             };
             match retry("releasing a task", Duration::from_secs(5), || {
                 let (mut c, r) = (client.clone(), req.clone());
@@ -691,13 +759,28 @@ async fn execute<R: Renderer>(
     let root = match task.file_set_digest.as_str() {
         "" => None,
         set => {
-            let mut attempt = 0;
+            let mut backoff = Backoff::new(FETCH_PATIENCE);
             loop {
-                attempt += 1;
                 match shared.files.root(set, &mut blobs).await {
                     Ok(g) => break Some(g),
-                    Err(Error::Rpc(s)) if transient(&s) && attempt < 20 => {
-                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    Err(e @ Error::NoSpace { needed, .. }) => {
+                        // The file cache evicts by its own bound; this
+                        // worker waits for the room as for a scene.
+                        shared.cache.want_room(needed);
+                        tracing::error!("{e}; taking no work until there is room");
+                        return Err(RenderFailure::NoRoom(e.to_string()));
+                    }
+                    Err(Error::Rpc(s)) if transient(&s) => {
+                        if *stop.borrow() {
+                            return Err(RenderFailure::Stopped);
+                        }
+                        if !backoff.wait("fetching the job's files", s.message()).await {
+                            return Err(transfer_failed(format!(
+                                "cannot fetch the job's files for {}s: {}",
+                                FETCH_PATIENCE.as_secs(),
+                                s.message()
+                            )));
+                        }
                     }
                     Err(e @ Error::Io { .. }) => {
                         return Err(failure(
@@ -716,16 +799,26 @@ async fn execute<R: Renderer>(
             }
         }
     };
-    let scene = if let Some(g) = &root {
-        g.root.scene.clone()
+    // Held until the render ends: the scene is not evicted meanwhile.
+    let (scene, _scene_hold) = if let Some(g) = &root {
+        (g.root.scene.clone(), None)
     } else {
-        let mut attempt = 0;
+        let mut backoff = Backoff::new(FETCH_PATIENCE);
         loop {
-            attempt += 1;
             match shared.cache.scene(&task.scene_digest, &mut blobs).await {
-                Ok(p) => break p,
-                Err(Error::Rpc(s)) if transient(&s) && attempt < 20 => {
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                Ok(hold) => break (hold.path.clone(), Some(hold)),
+                Err(e @ Error::NoSpace { .. }) => return Err(RenderFailure::NoRoom(e.to_string())),
+                Err(Error::Rpc(s)) if transient(&s) => {
+                    if *stop.borrow() {
+                        return Err(RenderFailure::Stopped);
+                    }
+                    if !backoff.wait("fetching the scene", s.message()).await {
+                        return Err(transfer_failed(format!(
+                            "cannot fetch the scene for {}s: {}",
+                            FETCH_PATIENCE.as_secs(),
+                            s.message()
+                        )));
+                    }
                 }
                 Err(e @ Error::Io { .. }) => {
                     return Err(failure(

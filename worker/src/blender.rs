@@ -164,6 +164,9 @@ pub enum RenderFailure {
     },
     /// The render was stopped on request.
     Stopped,
+    /// The worker cannot hold what the task needs (its cache's disk is
+    /// full even after eviction): the task is given back, uncharged.
+    NoRoom(String),
 }
 
 /// Something that turns a scene and frames into images. The real one runs

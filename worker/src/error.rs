@@ -36,6 +36,25 @@ pub enum Error {
         /// The digest of what arrived.
         got: String,
     },
+    /// The cache's disk has no room for a blob, even after evicting the
+    /// scenes no task uses.
+    #[error(
+        "no space in this worker's cache ({dir}) for {what}: it needs {:.1} MiB with 1 MiB to spare, {:.1} MiB are free after evicting {evicted} cached scene(s) no task uses; free space there or move --cache to a larger disk",
+        mib(*needed),
+        mib(*free)
+    )]
+    NoSpace {
+        /// The cache directory.
+        dir: String,
+        /// What did not fit (`scene 1a2b3c4d5e6f`).
+        what: String,
+        /// Its size in bytes.
+        needed: u64,
+        /// Bytes free when it was refused.
+        free: u64,
+        /// Scenes evicted to make room.
+        evicted: usize,
+    },
     /// A file-system operation failed.
     #[error("{context}: {source}")]
     Io {
@@ -44,6 +63,11 @@ pub enum Error {
         /// The underlying error.
         source: std::io::Error,
     },
+}
+
+/// Bytes in MiB, for messages.
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1 << 20)
 }
 
 impl Error {

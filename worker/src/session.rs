@@ -809,7 +809,7 @@ mod tests {
     fn scope(f: Option<RenderFailure>) -> Option<Scope> {
         match f? {
             RenderFailure::Failed { scope, .. } => Some(scope),
-            RenderFailure::Stopped => None,
+            RenderFailure::Stopped | RenderFailure::NoRoom(_) => None,
         }
     }
 

@@ -104,7 +104,10 @@ pub async fn put_file(
 }
 
 /// Downloads blob `digest` to `dest` (written to a temporary file beside it,
-/// verified, then renamed).
+/// verified, then renamed). A blob the disk has no room for is refused as
+/// [`Error::NoSpace`] before its first byte is written, or when the disk
+/// fills during the write; either way the temporary file is removed, so
+/// nothing half-written is left under any name.
 pub async fn download_file(
     blobs: &mut pb::blobs_client::BlobsClient<Conn>,
     digest: &str,
@@ -123,16 +126,37 @@ pub async fn download_file(
         .await?
         .into_inner();
     let mut bytes = 0u64;
+    let mut size = 0;
+    let no_space = |needed: u64| Error::NoSpace {
+        dir: dir.display().to_string(),
+        what: format!("blob {}", &digest[..digest.len().min(12)]),
+        needed,
+        free: crate::cache::free_bytes(dir).unwrap_or(0),
+        evicted: 0,
+    };
+    let written = |e: std::io::Error, size: u64| {
+        if full(&e) {
+            no_space(size)
+        } else {
+            Error::io(format!("cannot write {}", dest.display()), e)
+        }
+    };
     while let Some(chunk) = stream.message().await? {
+        if bytes == 0 {
+            size = chunk.size;
+            let free = crate::cache::free_bytes(dir).unwrap_or(u64::MAX);
+            if free < size.saturating_add(crate::cache::MARGIN) {
+                return Err(no_space(size));
+            }
+        }
         hasher.update(&chunk.data);
         bytes += chunk.data.len() as u64;
         file.write_all(&chunk.data)
             .await
-            .map_err(|e| Error::io(format!("cannot write {}", dest.display()), e))?;
+            .map_err(|e| written(e, size))?;
     }
-    file.flush()
-        .await
-        .map_err(|e| Error::io(format!("cannot write {}", dest.display()), e))?;
+    file.flush().await.map_err(|e| written(e, size))?;
+    file.sync_all().await.map_err(|e| written(e, size))?;
     drop(file);
     let got = hasher.finalize().to_hex().to_string();
     if got != digest {
@@ -145,4 +169,9 @@ pub async fn download_file(
         .persist(dest)
         .map_err(|e| Error::io(format!("cannot write {}", dest.display()), e.error))?;
     Ok(bytes)
+}
+
+/// Whether a write failed because the disk is full.
+fn full(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::StorageFull || e.raw_os_error() == Some(libc::ENOSPC)
 }

@@ -93,7 +93,9 @@ pub async fn view(
         output_limit: number(&q, "output_limit", DEFAULT_OUTPUT_LIMIT)?,
     }
     .capped();
-    Ok(ok(job_json(&api.farm.job_page(id, page)?)))
+    let mut job = job_json(&api.farm.job_page(id, page)?);
+    job["outages"] = json!(api.farm.outages());
+    Ok(ok(job))
 }
 
 /// `POST /api/v1/jobs`: submits a JobSpec; 201 `{"job_id": N}`.

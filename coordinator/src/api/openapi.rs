@@ -218,6 +218,7 @@ pub fn document() -> Value {
                     "fps": {"type": ["number", "null"]},
                     "preview": {"oneOf": [{"type": "null"}, {"$ref": "#/components/schemas/Preview"}]},
                     "verify": {"type": "number"}, "tasks_verifying": {"type": "integer"},
+                    "outages": {"type": "array", "items": {"type": "string"}, "description": "what the farm depends on that does not answer now (GET of one job only), e.g. \"blobs: S3 s3://renders/farm at http://s3:8333 unreachable since 2026-12-04 14:30:00 UTC (connection refused)\""},
                     "frame_stats": {"type": "array", "items": {"type": "object", "description": "frame, tile, render_ms, sync_ms, samples, memory_peak_bytes"}},
                     "after": {"type": "array", "items": {"type": "integer"}}, "waiting_for": {"type": ["integer", "null"]},
                     "max_cost": {"type": ["number", "null"]}, "capacity": {"enum": ["spot-ok", "on-demand-only"]},

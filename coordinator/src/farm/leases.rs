@@ -313,11 +313,26 @@ impl Farm {
     /// down, or was `preempted` (SIGTERM on spot capacity or scale-in),
     /// which is counted and priced on its own.
     pub fn release(&self, lease: LeaseId, preempted: bool) -> Result<(), Error> {
+        self.release_saying(lease, preempted, "")
+    }
+
+    /// [`Farm::release`] with the worker's reason for giving the task back
+    /// (its cache is full), kept among the job's warnings when not empty.
+    pub fn release_saying(
+        &self,
+        lease: LeaseId,
+        preempted: bool,
+        reason: &str,
+    ) -> Result<(), Error> {
         let ticket = {
             let mut st = self.lock();
-            let (mut task, job) = Self::find(&st, lease)?;
+            let (mut task, mut job) = Self::find(&st, lease)?;
             task.release(lease.grant)
                 .map_err(|e| Self::explain_lost(&st, lease, e))?;
+            if !reason.is_empty() {
+                tracing::warn!(lease = %lease, "task given back: {reason}");
+                job.add_warnings(&[reason.to_string()]);
+            }
             if preempted {
                 Self::ending(
                     &mut st,

@@ -78,7 +78,9 @@ impl Farm {
             // Checked under the lock, so the collector cannot delete a blob
             // between this check and the record that references it.
             for o in &outputs {
-                if !self.blobs.contains(&o.digest) {
+                // A blob store that does not answer is not a missing blob:
+                // the worker keeps the result and reports it again.
+                if self.blobs.try_size(&o.digest)?.is_none() {
                     return Err(Error::NotFound(format!(
                         "blob {} of frame {} (it was not uploaded, or was collected); upload it again, then report the result",
                         o.digest, o.frame

@@ -1,6 +1,7 @@
-//! Whether a store on another machine (PostgreSQL) answers: the
-//! `tessera_store_up` gauge and the "store: PostgreSQL unreachable since …"
-//! line that a coordinator shows while it is down.
+//! Whether a store on another machine answers: the metadata store
+//! (PostgreSQL: the `tessera_store_up` gauge and the "store: PostgreSQL
+//! unreachable since …" line that a coordinator shows while it is down) or
+//! the blob store (S3: `tessera_blobs_up`, "blobs: S3 … unreachable since …").
 
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -20,7 +21,16 @@ pub struct Outage {
 pub struct StoreHealth {
     /// What the store is, for messages: `PostgreSQL at HOST:PORT/DB`.
     what: Arc<str>,
+    /// Which store: its gauge and the word its line starts with.
+    kind: Kind,
     outage: Arc<Mutex<Option<Outage>>>,
+}
+
+/// The metadata store or the blob store.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Meta,
+    Blobs,
 }
 
 impl StoreHealth {
@@ -28,7 +38,17 @@ impl StoreHealth {
     pub fn new(what: impl Into<String>) -> Self {
         Self {
             what: Arc::from(what.into()),
+            kind: Kind::Meta,
             outage: Arc::default(),
+        }
+    }
+
+    /// The blob store described as `what` (`S3 s3://bucket/prefix at
+    /// ENDPOINT`), assumed up: its gauge is `tessera_blobs_up`.
+    pub fn blobs(what: impl Into<String>) -> Self {
+        Self {
+            kind: Kind::Blobs,
+            ..Self::new(what)
         }
     }
 
@@ -70,23 +90,37 @@ impl StoreHealth {
         self.outage().is_none()
     }
 
-    /// `store: PostgreSQL at … unreachable since … (error)`, or that it answers.
+    /// `store: PostgreSQL at … unreachable since … (error)`, or that it
+    /// answers (`blobs: …` for the blob store).
     pub fn line(&self) -> String {
+        let label = match self.kind {
+            Kind::Meta => "store",
+            Kind::Blobs => "blobs",
+        };
         match self.outage() {
             Some(o) => format!(
-                "store: {} unreachable since {} ({})",
+                "{label}: {} unreachable since {} ({})",
                 self.what, o.since, o.error
             ),
-            None => format!("store: {} answers", self.what),
+            None => format!("{label}: {} answers", self.what),
         }
     }
 
-    /// The `tessera_store_up` gauge in Prometheus text format.
+    /// The `tessera_store_up` (or `tessera_blobs_up`) gauge in Prometheus
+    /// text format.
     pub fn metrics(&self) -> String {
+        let (name, help) = match self.kind {
+            Kind::Meta => (
+                "tessera_store_up",
+                "Whether the metadata store (PostgreSQL) answered this coordinator's last call: 1 up, 0 unreachable.",
+            ),
+            Kind::Blobs => (
+                "tessera_blobs_up",
+                "Whether the blob store (S3) answered this coordinator's last call: 1 up, 0 unreachable.",
+            ),
+        };
         format!(
-            "# HELP tessera_store_up Whether the metadata store (PostgreSQL) answered this coordinator's last call: 1 up, 0 unreachable.\n\
-             # TYPE tessera_store_up gauge\n\
-             tessera_store_up {}\n",
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}\n",
             u8::from(self.up())
         )
     }
@@ -161,5 +195,21 @@ mod tests {
         h.answered();
         assert!(h.up());
         assert_eq!(h.line(), "store: PostgreSQL at db:5432/tessera answers");
+    }
+
+    #[test]
+    fn the_blob_store_has_a_gauge_and_a_line_of_its_own() {
+        let h = StoreHealth::blobs("S3 s3://b/p at http://s3:8333");
+        assert!(h.metrics().contains("\ntessera_blobs_up 1\n"));
+        h.failed("connection refused; check that the server is up");
+        assert!(h.metrics().contains("\ntessera_blobs_up 0\n"));
+        assert!(!h.metrics().contains("tessera_store_up"));
+        assert!(
+            h.line()
+                .starts_with("blobs: S3 s3://b/p at http://s3:8333 unreachable since "),
+            "{}",
+            h.line()
+        );
+        assert!(h.line().ends_with("(connection refused)"), "{}", h.line());
     }
 }

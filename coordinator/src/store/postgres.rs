@@ -57,6 +57,8 @@ use crate::task::{FrameOutput, Task};
 use crate::worker::WorkerRecord;
 
 mod migrate;
+mod tls;
+pub use tls::PgTls;
 
 /// No epoch set: this store does not fence its writes (one coordinator, or tests).
 const UNFENCED: i64 = -1;
@@ -120,6 +122,9 @@ fn unreachable(e: &tokio_postgres::Error) -> bool {
 /// unreachable server gives [`Error::StoreUnavailable`], naming PostgreSQL
 /// and what to check.
 pub(crate) fn pg_error(what: &str, e: tokio_postgres::Error) -> Error {
+    if let Some(why) = tls::tls_failure(&e) {
+        return Error::StoreUnavailable(format!("{what}: {}", tls_words(&why)));
+    }
     let words = match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
         None => e.to_string(),
@@ -133,14 +138,50 @@ pub(crate) fn pg_error(what: &str, e: tokio_postgres::Error) -> Error {
     }
 }
 
-/// Parses a `postgres://` URL, saying what is wrong with a bad one.
-pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, Error> {
-    url.parse::<tokio_postgres::Config>().map_err(|e| {
-        Error::invalid(format!(
-            "--store {}: not a PostgreSQL URL ({e}); use postgres://USER@HOST:PORT/DATABASE",
-            redact(url)
-        ))
-    })
+/// A failed TLS handshake in words that say what to fix. It counts as the
+/// server being out of reach (a certificate may be renewed while the
+/// coordinators wait), so a running farm rides it out like any outage and a
+/// starting coordinator exits with these words.
+fn tls_words(why: &str) -> String {
+    format!(
+        "TLS to PostgreSQL failed: {why}; with sslmode=verify-full the server's certificate must be signed by the CA in sslrootcert= and name the host the --store URL connects to (a DNS name or IP address in its subjectAltName): fix sslrootcert or the host, or renew the server's certificate"
+    )
+}
+
+/// Parses a `postgres://` URL into its settings and its TLS (see
+/// [`PgTls`]), saying what is wrong with a bad one.
+pub fn parse_url(url: &str) -> Result<(tokio_postgres::Config, PgTls), Error> {
+    tls::parse(url, &redact(url))
+}
+
+/// Opens one connection (not from a pool) with `tls`, its I/O running on
+/// a task of the current runtime until the client is dropped.
+pub(crate) async fn connect(
+    config: &tokio_postgres::Config,
+    tls: &PgTls,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    fn drive<F>(connection: F)
+    where
+        F: Future<Output = Result<(), tokio_postgres::Error>> + Send + 'static,
+    {
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!("a PostgreSQL connection ended: {e}");
+            }
+        });
+    }
+    match tls {
+        PgTls::Off => {
+            let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
+            drive(connection);
+            Ok(client)
+        }
+        PgTls::Verified(make) => {
+            let (client, connection) = config.connect(make.clone()).await?;
+            drive(connection);
+            Ok(client)
+        }
+    }
 }
 
 /// The URL without its password, for messages and logs.
@@ -201,7 +242,7 @@ impl PgStore {
     /// `application_name`, by which a coordinator taking over finds and
     /// ends a deposed one's sessions) and calls bounded by `deadline`.
     pub fn open_as(url: &str, name: &str, deadline: Duration) -> Result<Self, Error> {
-        let mut config = parse_url(url)?;
+        let (mut config, tls) = parse_url(url)?;
         session_settings(&mut config, name, deadline);
         // Durable before acknowledged, whatever the server's default: set
         // once per connection, at its start.
@@ -216,7 +257,11 @@ impl PgStore {
             .enable_all()
             .build()
             .map_err(|e| Error::io("cannot start the PostgreSQL client runtime".into(), e))?;
-        let pool = Pool::builder(Manager::new(config, tokio_postgres::NoTls))
+        let manager = match tls {
+            PgTls::Off => Manager::new(config, tokio_postgres::NoTls),
+            PgTls::Verified(make) => Manager::new(config, make),
+        };
+        let pool = Pool::builder(manager)
             .max_size(8)
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .wait_timeout(Some(deadline))
@@ -341,6 +386,14 @@ impl Conn {
     /// A connection, or an error that says where and what to check.
     async fn get(pool: &Pool, target: &str) -> Result<Conn, Error> {
         let object = pool.get().await.map_err(|e| {
+            if let deadpool_postgres::PoolError::Backend(b) = &e {
+                if let Some(why) = tls::tls_failure(b) {
+                    return Error::StoreUnavailable(format!(
+                        "cannot connect to PostgreSQL at {target}: {}",
+                        tls_words(&why)
+                    ));
+                }
+            }
             let (detail, down) = match &e {
                 deadpool_postgres::PoolError::Backend(b) => (
                     match b.as_db_error() {

@@ -188,6 +188,7 @@ pub fn lanes(
                 pb::ReleaseRequest {
                     lease_id: lease.clone(),
                     preempted: false,
+                    reason: String::new(),
                 },
                 &r2,
             ))
@@ -204,6 +205,7 @@ pub fn lanes(
                     pb::ReleaseRequest {
                         lease_id: guessed.clone(),
                         preempted: false,
+                        reason: String::new(),
                     },
                     token,
                 ))
@@ -339,6 +341,7 @@ pub fn lanes(
             pb::ReleaseRequest {
                 lease_id: lease,
                 preempted: false,
+                reason: String::new(),
             },
             &r1,
         ))
