@@ -15,5 +15,6 @@ ensure_blender
 ensure_rust
 ensure_s3_server
 ensure_postgres
+ensure_iptables
 cargo build -q -p tessera-cli
 cargo run -q -p tessera-tests --bin tessera-chaos -- "$@"

@@ -14,7 +14,9 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::netns::NetNs;
 use crate::postgres::{PgCoordinator, PgServer};
+use crate::proxy::SilentProxy;
 use crate::s3::S3Server;
 use crate::*;
 
@@ -30,15 +32,32 @@ pub enum Fault {
     /// random) for up to a few seconds, then start it again: the
     /// coordinators ride it out.
     RestartDatabase,
+    /// SIGKILL the S3 server for a few seconds, then start it again on its
+    /// data: uploads and downloads retry.
+    KillS3,
+    /// Cut a worker's network silently (every packet dropped, no reset) for
+    /// up to 9 s: longer than the lease TTL, its leases expire.
+    PartitionWorker,
+    /// 200 ms more each way and 5 % packet loss on a worker's link for a
+    /// few seconds.
+    SlowLink,
 }
 
 impl Fault {
     /// Every fault, in the order `--faults` lists them.
-    pub const ALL: [Fault; 3] = [
+    pub const ALL: [Fault; 6] = [
         Fault::KillWorker,
         Fault::KillCoordinator,
         Fault::RestartDatabase,
+        Fault::KillS3,
+        Fault::PartitionWorker,
+        Fault::SlowLink,
     ];
+
+    /// Whether it needs the workers in network namespaces.
+    fn needs_links(self) -> bool {
+        matches!(self, Fault::PartitionWorker | Fault::SlowLink)
+    }
 
     /// Its name on the command line and in the report.
     pub fn name(self) -> &'static str {
@@ -46,6 +65,9 @@ impl Fault {
             Fault::KillWorker => "kill-worker",
             Fault::KillCoordinator => "kill-coordinator",
             Fault::RestartDatabase => "restart-database",
+            Fault::KillS3 => "kill-s3",
+            Fault::PartitionWorker => "partition-worker",
+            Fault::SlowLink => "slow-link",
         }
     }
 
@@ -224,14 +246,26 @@ struct Farm {
     both: String,
     worker_token: String,
     workers: Vec<Option<Proc>>,
+    /// Each worker's own network, when namespaces can be made here.
+    links: Vec<Link>,
     /// Logs of workers killed along the way.
     old_logs: Vec<String>,
+}
+
+/// A worker's network: a namespace of its own, reaching each coordinator
+/// through a proxy on the host side of its link (where latency is added,
+/// this kernel having no `netem`).
+struct Link {
+    // Dropped first: its processes end before their proxies close.
+    ns: NetNs,
+    proxies: Vec<SilentProxy>,
+    urls: String,
 }
 
 const HA: [&str; 4] = ["--lease-ttl", "5", "--failover-seconds", "3"];
 
 impl Farm {
-    fn start(dir: &Path, workers: usize) -> Farm {
+    fn start(dir: &Path, workers: usize, links: bool) -> Farm {
         let pg = PgServer::start().unwrap_or_else(|e| panic!("PostgreSQL did not start: {e}"));
         let s3 = S3Server::start().unwrap_or_else(|e| panic!("the S3 server did not start: {e}"));
         let blobs = s3.url("chaos");
@@ -256,6 +290,26 @@ impl Farm {
         let both = urls.join(",");
         let (_, worker_token) =
             farm_tokens(&coordinators[0].0, &urls[0], &[&urls[0], &urls[1], &both]);
+        let mut links_made = Vec::new();
+        for _ in 0..workers {
+            if !links {
+                break;
+            }
+            let ns = NetNs::create().unwrap_or_else(|e| panic!("no network namespace: {e}"));
+            let proxies: Vec<SilentProxy> = coordinators
+                .iter()
+                .map(|(_, _, addr)| {
+                    SilentProxy::adjustable(ns.host_ip(), addr)
+                        .unwrap_or_else(|e| panic!("no proxy on {}: {e}", ns.host_ip()))
+                })
+                .collect();
+            let urls = proxies
+                .iter()
+                .map(|p| format!("http://{}", p.addr()))
+                .collect::<Vec<_>>()
+                .join(",");
+            links_made.push(Link { ns, proxies, urls });
+        }
         let mut farm = Farm {
             dir: dir.to_path_buf(),
             pg,
@@ -264,6 +318,7 @@ impl Farm {
             both,
             worker_token,
             workers: Vec::new(),
+            links: links_made,
             old_logs: Vec::new(),
         };
         for i in 0..workers {
@@ -274,8 +329,16 @@ impl Farm {
     }
 
     fn start_worker(&self, i: usize) -> Proc {
-        let env = [("TESSERA_TOKEN", self.worker_token.as_str())];
-        worker_env(&self.both, &self.dir, &format!("w{i}"), &[], &env)
+        let name = format!("w{i}");
+        match self.links.get(i) {
+            Some(link) => link
+                .ns
+                .worker(&link.urls, &self.worker_token, &self.dir, &name),
+            None => {
+                let env = [("TESSERA_TOKEN", self.worker_token.as_str())];
+                worker_env(&self.both, &self.dir, &name, &[], &env)
+            }
+        }
     }
 
     /// The index of the coordinator that says it is active, if one does.
@@ -330,6 +393,40 @@ impl Farm {
                     again.proc.log()
                 );
                 *c = Some(again);
+                true
+            }
+            Fault::KillS3 => {
+                self.s3.kill();
+                std::thread::sleep(rng.millis(1000, 5000));
+                self.s3
+                    .start_again()
+                    .unwrap_or_else(|e| panic!("the S3 server did not start again: {e}"));
+                true
+            }
+            Fault::PartitionWorker => {
+                let Some(link) = self.links.get(rng.below(self.links.len() as u64) as usize) else {
+                    return false;
+                };
+                let hold = rng.millis(2000, 9000);
+                link.ns.cut(hold + Duration::from_secs(5));
+                std::thread::sleep(hold);
+                link.ns.heal();
+                true
+            }
+            Fault::SlowLink => {
+                let Some(link) = self.links.get(rng.below(self.links.len() as u64) as usize) else {
+                    return false;
+                };
+                let hold = rng.millis(3000, 10000);
+                for p in &link.proxies {
+                    p.set_delay(Duration::from_millis(200));
+                }
+                link.ns.lose(0.05, hold + Duration::from_secs(5));
+                std::thread::sleep(hold);
+                link.ns.heal();
+                for p in &link.proxies {
+                    p.set_delay(Duration::ZERO);
+                }
                 true
             }
             Fault::RestartDatabase => {
@@ -409,7 +506,21 @@ pub fn run(opts: &Options) -> Report {
             "4",
         ],
     );
-    let mut farm = Farm::start(&dir, opts.workers);
+    // Partitions and slow links need the workers in namespaces of their
+    // own (root and iptables); without them those faults are left out.
+    let mut faults = opts.faults.clone();
+    let links = faults.iter().any(|f| f.needs_links())
+        && match crate::netns::ensure_iptables().and_then(|()| NetNs::create().map(drop)) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!(
+                    "chaos: no partitions or slow links (cannot make a network namespace: {e})"
+                );
+                faults.retain(|f| !f.needs_links());
+                false
+            }
+        };
+    let mut farm = Farm::start(&dir, opts.workers, links);
     eprintln!(
         "chaos: rounds of an animation ({} frames) and a tiled job ({} frames in 2x2 tiles) on 2 coordinators and {} workers; faults for {} s (seed {})",
         opts.frames,
@@ -446,7 +557,7 @@ pub fn run(opts: &Options) -> Report {
     let mut report = Report::default();
     let started = Instant::now();
     let mut last_fault = Instant::now();
-    while started.elapsed() < opts.duration && !opts.faults.is_empty() {
+    while started.elapsed() < opts.duration && !faults.is_empty() {
         std::thread::sleep(rng.millis(1000, 4000));
         let done = jobs[jobs.len() - 2..]
             .iter()
@@ -454,7 +565,7 @@ pub fn run(opts: &Options) -> Report {
         if done {
             submit_round(&farm, &mut jobs);
         }
-        let fault = opts.faults[rng.below(opts.faults.len() as u64) as usize];
+        let fault = faults[rng.below(faults.len() as u64) as usize];
         if farm.inject(fault, &mut rng) {
             eprintln!(
                 "chaos: {:>5.1} s {}",

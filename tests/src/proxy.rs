@@ -18,7 +18,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -27,6 +27,8 @@ use std::time::{Duration, Instant};
 struct Switch {
     silent: Mutex<bool>,
     changed: Condvar,
+    /// The delay of each chunk, in microseconds (delaying pumps only).
+    delay_us: AtomicU64,
 }
 
 impl Switch {
@@ -58,12 +60,36 @@ impl SilentProxy {
     /// Forwards `<ip>:<port>` to `target`, each chunk `delay` late in each
     /// direction (a round trip gains twice `delay`).
     pub fn with_delay(ip: &str, target: &str, delay: Duration) -> std::io::Result<SilentProxy> {
+        Self::open(ip, target, delay, !delay.is_zero())
+    }
+
+    /// Forwards `<ip>:<port>` to `target` with no delay until
+    /// [`SilentProxy::set_delay`] adds one (to connections already open
+    /// too): latency that comes and goes.
+    pub fn adjustable(ip: &str, target: &str) -> std::io::Result<SilentProxy> {
+        Self::open(ip, target, Duration::ZERO, true)
+    }
+
+    /// Holds each chunk `delay` in each direction from now on.
+    pub fn set_delay(&self, delay: Duration) {
+        self.switch
+            .delay_us
+            .store(delay.as_micros() as u64, Ordering::SeqCst);
+    }
+
+    fn open(
+        ip: &str,
+        target: &str,
+        delay: Duration,
+        delaying: bool,
+    ) -> std::io::Result<SilentProxy> {
         let listener = TcpListener::bind((ip, 0))?;
         let ip = listener.local_addr()?.ip();
         let port = listener.local_addr()?.port();
         let switch = Arc::new(Switch {
             silent: Mutex::new(false),
             changed: Condvar::new(),
+            delay_us: AtomicU64::new(delay.as_micros() as u64),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let streams = Arc::new(Mutex::new(Vec::new()));
@@ -98,10 +124,10 @@ impl SilentProxy {
                         continue;
                     };
                     let sw = sw.clone();
-                    if delay.is_zero() {
-                        thread::spawn(move || pump(from, to, &sw));
+                    if delaying {
+                        thread::spawn(move || pump_delayed(from, to, sw));
                     } else {
-                        thread::spawn(move || pump_delayed(from, to, sw, delay));
+                        thread::spawn(move || pump(from, to, &sw));
                     }
                 }
             }
@@ -158,9 +184,9 @@ fn pump(mut from: TcpStream, mut to: TcpStream, switch: &Switch) {
     let _ = from.shutdown(Shutdown::Both);
 }
 
-/// [`pump`] with each chunk passed on `delay` after it was read: a reader
-/// stamps chunks, a writer sends each at its time, in order.
-fn pump_delayed(mut from: TcpStream, to: TcpStream, switch: Arc<Switch>, delay: Duration) {
+/// [`pump`] with each chunk passed on the switch's delay after it was read:
+/// a reader stamps chunks, a writer sends each at its time, in order.
+fn pump_delayed(mut from: TcpStream, to: TcpStream, switch: Arc<Switch>) {
     let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
     let (mut w_to, w_from) = (to.try_clone(), from.try_clone());
     let sw = switch.clone();
@@ -186,7 +212,10 @@ fn pump_delayed(mut from: TcpStream, to: TcpStream, switch: Arc<Switch>, delay: 
             Ok(n) => n,
         };
         if tx
-            .send((Instant::now() + delay, buf[..n].to_vec()))
+            .send((
+                Instant::now() + Duration::from_micros(switch.delay_us.load(Ordering::SeqCst)),
+                buf[..n].to_vec(),
+            ))
             .is_err()
         {
             break;

@@ -616,7 +616,7 @@ async fn run_task<R: Renderer>(
             {
                 Ok(r) if r.get_ref().duplicate => tracing::info!(
                     %lease,
-                    "result not needed: this lease had expired and another result of the task was recorded first"
+                    "result already recorded: an earlier report of it, or another worker's after this lease expired"
                 ),
                 Ok(_) => tracing::info!(%lease, "task done"),
                 Err(s) if s.code() == Code::InvalidArgument => {
