@@ -204,16 +204,20 @@ pub async fn coordinator(
                 }
             }
         };
-        tokio::pin!(serve);
-        let hold = election.hold(&term);
-        tokio::pin!(hold);
         let mut why = None;
         // The lease is renewed while the term lasts, the state's loading
-        // included; once it ends, the serving steps down.
-        let stop_requested = loop {
-            tokio::select! {
-                r = &mut serve => break r?,
-                w = &mut hold, if why.is_none() => why = Some(w),
+        // included; once it ends, the serving steps down. Both futures are
+        // dropped before the leadership is released: a renewal left
+        // suspended mid-call would hold the election's connection.
+        let stop_requested = {
+            tokio::pin!(serve);
+            let hold = election.hold(&term);
+            tokio::pin!(hold);
+            loop {
+                tokio::select! {
+                    r = &mut serve => break r?,
+                    w = &mut hold, if why.is_none() => why = Some(w),
+                }
             }
         };
         // Whatever ended the term, a standby may take over at once.

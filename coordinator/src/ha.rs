@@ -227,8 +227,9 @@ impl Election {
         >,
     {
         let deadline = self.timing.deadline;
-        let mut slot = self.client.lock().await;
+        // The wait for the connection counts against the deadline too.
         let attempt = async {
+            let mut slot = self.client.lock().await;
             if slot.as_ref().is_none_or(|c| c.is_closed()) {
                 let client = connect(&self.config, &self.tls)
                     .await
@@ -251,8 +252,11 @@ impl Election {
         match &result {
             Ok(_) => self.health.answered(),
             Err(e) => {
-                // Possibly stuck behind a silent network: never reused.
-                *slot = None;
+                // Possibly stuck behind a silent network: never reused
+                // (unless another call holds it meanwhile; it decides then).
+                if let Ok(mut slot) = self.client.try_lock() {
+                    *slot = None;
+                }
                 if let Error::StoreUnavailable(m) = e {
                     self.health.failed(m);
                 } else {

@@ -198,45 +198,6 @@ impl Rng {
     }
 }
 
-/// The admin token (written by the first coordinator to start) and a new
-/// worker token, registered for every URL in `urls`.
-pub fn farm_tokens(data: &Path, url: &str, urls: &[&str]) -> (String, String) {
-    let admin = std::fs::read_to_string(data.join("admin.token"))
-        .expect("the first coordinator writes the admin token")
-        .trim()
-        .to_string();
-    let out = cli_as(
-        url,
-        Some(&admin),
-        &["users", "add", "workers", "--role", "worker"],
-    );
-    assert!(
-        out.status.success(),
-        "users add: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let worker = String::from_utf8(out.stdout).unwrap().trim().to_string();
-    for u in urls {
-        set_tokens(u, &admin, &worker);
-    }
-    (admin, worker)
-}
-
-/// The leases whose results the coordinator acknowledged, from the
-/// workers' `task done` lines: `JOB.TASK.GRANT` with how many times.
-pub fn acknowledged(logs: &[String]) -> BTreeMap<String, usize> {
-    let mut n = BTreeMap::new();
-    for log in logs {
-        for line in log.lines().filter(|l| l.contains("task done")) {
-            if let Some(lease) = line.split("lease=").nth(1) {
-                let lease = lease.split_whitespace().next().unwrap_or("").to_string();
-                *n.entry(lease).or_default() += 1;
-            }
-        }
-    }
-    n
-}
-
 /// The farm under test.
 struct Farm {
     dir: PathBuf,
@@ -598,6 +559,23 @@ pub fn run(opts: &Options) -> Report {
         views.push(view);
     }
     report.recovery = last_fault.elapsed();
+
+    // Every coordinator still running answers, as the active one or as a
+    // standby: none is left alive but deaf after its faults.
+    let roles = eventually(LONG, || {
+        let out = cli(&farm.both, &["coordinator", "--status"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let answering = text
+            .lines()
+            .filter(|l| l.contains("  active") || l.contains("  standby"))
+            .count();
+        answering == farm.coordinators.len()
+    });
+    assert!(
+        roles,
+        "a coordinator does not answer: {}",
+        String::from_utf8_lossy(&cli(&farm.both, &["coordinator", "--status"]).stdout)
+    );
 
     // Every frame exact: both jobs against one plain Blender render.
     let refs = dir.join("refs");

@@ -878,3 +878,42 @@ pub fn bpy_reference(python: &Path, scene: &Path, start: u32, end: u32, dir: &Pa
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The admin token (written by the first coordinator to start) and a new
+/// worker token, registered for every URL in `urls`.
+pub fn farm_tokens(data: &Path, url: &str, urls: &[&str]) -> (String, String) {
+    let admin = std::fs::read_to_string(data.join("admin.token"))
+        .expect("the first coordinator writes the admin token")
+        .trim()
+        .to_string();
+    let out = cli_as(
+        url,
+        Some(&admin),
+        &["users", "add", "workers", "--role", "worker"],
+    );
+    assert!(
+        out.status.success(),
+        "users add: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let worker = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    for u in urls {
+        set_tokens(u, &admin, &worker);
+    }
+    (admin, worker)
+}
+
+/// The leases whose results the coordinator acknowledged, from the
+/// workers' `task done` lines: `JOB.TASK.GRANT` with how many times.
+pub fn acknowledged(logs: &[String]) -> std::collections::BTreeMap<String, usize> {
+    let mut n = std::collections::BTreeMap::new();
+    for log in logs {
+        for line in log.lines().filter(|l| l.contains("task done")) {
+            if let Some(lease) = line.split("lease=").nth(1) {
+                let lease = lease.split_whitespace().next().unwrap_or("").to_string();
+                *n.entry(lease).or_default() += 1;
+            }
+        }
+    }
+    n
+}

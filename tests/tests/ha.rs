@@ -15,44 +15,6 @@ use tessera_tests::*;
 
 const LONG: Duration = Duration::from_secs(240);
 
-/// The admin token (written by the first coordinator to start) and a new
-/// worker token, registered for every URL in `urls`.
-fn tokens(data: &Path, url: &str, urls: &[&str]) -> (String, String) {
-    let admin = std::fs::read_to_string(data.join("admin.token"))
-        .expect("the first coordinator writes the admin token")
-        .trim()
-        .to_string();
-    let out = cli_as(
-        url,
-        Some(&admin),
-        &["users", "add", "workers", "--role", "worker"],
-    );
-    assert!(
-        out.status.success(),
-        "users add: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let worker = String::from_utf8(out.stdout).unwrap().trim().to_string();
-    for u in urls {
-        set_tokens(u, &admin, &worker);
-    }
-    (admin, worker)
-}
-
-/// `task done` lines in the workers' logs, by lease id `JOB.TASK.GRANT`.
-fn completions(logs: &[String]) -> BTreeMap<String, usize> {
-    let mut n = BTreeMap::new();
-    for log in logs {
-        for line in log.lines().filter(|l| l.contains("task done")) {
-            if let Some(lease) = line.split("lease=").nth(1) {
-                let lease = lease.split_whitespace().next().unwrap_or("").to_string();
-                *n.entry(lease).or_default() += 1;
-            }
-        }
-    }
-    n
-}
-
 #[test]
 fn six_frames_on_two_workers_with_the_postgres_store_are_exact() {
     let Some(pg) =
@@ -83,7 +45,7 @@ fn six_frames_on_two_workers_with_the_postgres_store_are_exact() {
         coord.lines(),
         coord.proc.log()
     );
-    tokens(&data, &coord.url, &[&coord.url]);
+    farm_tokens(&data, &coord.url, &[&coord.url]);
     let _a = worker(&coord.url, dir.path(), "a");
     let _b = worker(&coord.url, dir.path(), "b");
     let out = dir.path().join("out");
@@ -158,7 +120,7 @@ fn the_standby_takes_over_when_the_active_is_killed_and_the_job_finishes_exactly
         "the standby names the active one: {line}"
     );
     let both = format!("{},{}", a.url, b.url);
-    let (admin, worker_token) = tokens(&data_a, &a.url, &[&a.url, &b.url, &both]);
+    let (admin, worker_token) = farm_tokens(&data_a, &a.url, &[&a.url, &b.url, &both]);
 
     // The standby changes nothing, and says who is active.
     let refused = cli_as(&b.url, Some(&admin), &["users", "add", "someone"]);
@@ -234,7 +196,7 @@ fn the_standby_takes_over_when_the_active_is_killed_and_the_job_finishes_exactly
         .iter()
         .map(|t| (t["index"].as_u64().unwrap(), t.clone()))
         .collect();
-    let counts = completions(&[wa.log(), wb.log()]);
+    let counts = tessera_tests::acknowledged(&[wa.log(), wb.log()]);
     for (index, t) in &acknowledged {
         assert_eq!(after[index]["attempts"], t["attempts"], "task {index}");
         let prefix = format!("{job}.{index}.");
@@ -358,7 +320,7 @@ impl Pair {
             b.proc.log()
         );
         let both = format!("{},{}", a.url, b.url);
-        let (admin, worker_token) = tokens(&data_a, &a.url, &[&a.url, &b.url, &both]);
+        let (admin, worker_token) = farm_tokens(&data_a, &a.url, &[&a.url, &b.url, &both]);
         let env = [("TESSERA_TOKEN", worker_token.as_str())];
         let workers = ["wa", "wb"]
             .iter()
@@ -379,7 +341,7 @@ impl Pair {
 
     /// Asserts that every task of `job` (`n` tasks) was completed once.
     fn assert_each_task_completed_once(&self, job: u64, n: u64) {
-        let counts = completions(&self.worker_logs());
+        let counts = acknowledged(&self.worker_logs());
         for index in 0..n {
             let prefix = format!("{job}.{index}.");
             let done: usize = counts
@@ -669,7 +631,7 @@ fn s3_killed_mid_job_and_started_again_loses_no_frame_and_says_it_is_down() {
         coord.lines(),
         coord.proc.log()
     );
-    let (admin, worker_token) = tokens(&data, &coord.url, &[&coord.url]);
+    let (admin, worker_token) = farm_tokens(&data, &coord.url, &[&coord.url]);
     let env = [("TESSERA_TOKEN", worker_token.as_str())];
     let mut workers = vec![
         worker_env(&coord.url, dir.path(), "wa", &[], &env),
@@ -754,7 +716,7 @@ fn s3_killed_mid_job_and_started_again_loses_no_frame_and_says_it_is_down() {
 
     // Every task completed once, and both kinds of transfer were retried.
     let logs: Vec<String> = workers.iter().map(|w| w.log()).collect();
-    let counts = completions(&logs);
+    let counts = acknowledged(&logs);
     for index in 0..6 {
         let prefix = format!("{job}.{index}.");
         let n: usize = counts

@@ -5,8 +5,6 @@
 //! that took over within its calls' deadlines, and the render it held
 //! across the failover is accepted by the new active coordinator.
 
-use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tessera_tests::postgres::{PgCoordinator, PgServer};
@@ -14,18 +12,6 @@ use tessera_tests::proxy::SilentProxy;
 use tessera_tests::*;
 
 const LONG: Duration = Duration::from_secs(240);
-
-/// `task done` lines in a worker's log, by lease id `JOB.TASK.GRANT`.
-fn completions(log: &str) -> BTreeMap<String, usize> {
-    let mut n = BTreeMap::new();
-    for line in log.lines().filter(|l| l.contains("task done")) {
-        if let Some(lease) = line.split("lease=").nth(1) {
-            let lease = lease.split_whitespace().next().unwrap_or("").to_string();
-            *n.entry(lease).or_default() += 1;
-        }
-    }
-    n
-}
 
 /// Seconds since midnight (UTC) now, and of a log line's RFC 3339 stamp.
 fn day_seconds_now() -> f64 {
@@ -104,7 +90,7 @@ fn a_worker_is_told_its_job_was_cancelled_and_goes_on_to_other_work() {
     });
     assert_eq!(done["state"], "done", "{done:#}");
     fetch_exact(&coord.url, other, &short, 1..=2, dir.path());
-    let counts = completions(&w.log());
+    let counts = acknowledged(&[w.log()]);
     let prefix = format!("{other}.");
     assert_eq!(
         counts.keys().filter(|l| l.starts_with(&prefix)).count(),
@@ -113,30 +99,6 @@ fn a_worker_is_told_its_job_was_cancelled_and_goes_on_to_other_work() {
     );
     assert!(w.alive(), "the worker exited:\n{}", w.log());
     eprintln!("worker's word on the cancel: {line}");
-}
-
-/// The admin token (written by the first coordinator) and a new worker
-/// token, registered for every URL in `urls`.
-fn tokens(data: &Path, url: &str, urls: &[&str]) -> (String, String) {
-    let admin = std::fs::read_to_string(data.join("admin.token"))
-        .expect("the first coordinator writes the admin token")
-        .trim()
-        .to_string();
-    let out = cli_as(
-        url,
-        Some(&admin),
-        &["users", "add", "workers", "--role", "worker"],
-    );
-    assert!(
-        out.status.success(),
-        "users add: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let worker = String::from_utf8(out.stdout).unwrap().trim().to_string();
-    for u in urls {
-        set_tokens(u, &admin, &worker);
-    }
-    (admin, worker)
 }
 
 #[test]
@@ -174,7 +136,7 @@ fn a_worker_whose_coordinator_goes_silent_moves_to_the_new_active_and_its_render
     let w_proxy = SilentProxy::start(&format!("127.0.0.1:{a_port}")).unwrap();
     let both = format!("{},{}", a.url, b.url);
     let via_proxy = format!("http://127.0.0.1:{},{}", w_proxy.port(), b.url);
-    let (_, worker_token) = tokens(&data_a, &a.url, &[&a.url, &b.url, &both]);
+    let (_, worker_token) = farm_tokens(&data_a, &a.url, &[&a.url, &b.url, &both]);
     // One worker: every task it renders reaches B only if the worker moves.
     let env = [("TESSERA_TOKEN", worker_token.as_str())];
     let mut w = worker_env(&via_proxy, dir.path(), "w", &[], &env);
@@ -221,7 +183,7 @@ fn a_worker_whose_coordinator_goes_silent_moves_to_the_new_active_and_its_render
     fetch_exact(&both, job, &scene, 1..=4, dir.path());
 
     let log = w.log();
-    let counts = completions(&log);
+    let counts = acknowledged(&[log.clone()]);
     for index in 0..4 {
         let prefix = format!("{job}.{index}.");
         let n: usize = counts

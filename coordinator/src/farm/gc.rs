@@ -96,6 +96,11 @@ impl Farm {
     /// Deletes blobs that no record references, once nobody has touched them
     /// for the grace period; returns how many were deleted.
     pub fn collect_garbage(&self) -> usize {
+        // Nothing is deleted while the blob store does not answer: each try
+        // would hold the lock for the store's retries, stalling the farm.
+        if self.blobs_health().is_some_and(|h| !h.up()) {
+            return 0;
+        }
         let now = self.clock.now_ms();
         let grace = self.grace_ms();
         let mut st = self.lock();
@@ -119,8 +124,11 @@ impl Farm {
             match self.blobs.remove(&d) {
                 Ok(()) => deleted += 1,
                 Err(e) => {
+                    // The next pass tries again; one failure ends this one,
+                    // so a store that stopped answering costs one try.
                     tracing::warn!("cannot remove blob {d}: {e}");
                     retry.push(d);
+                    break;
                 }
             }
         }

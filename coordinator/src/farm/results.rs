@@ -73,6 +73,17 @@ impl Farm {
         }
         tracing::info!(job = %lease.job, task = lease.task, lease = %lease, outputs = outputs.len(), "task result received");
         let now = self.clock.now_ms();
+        // First without the lock: a blob store that does not answer costs
+        // this call its retries, not every other call waiting on the lock.
+        if let Some(h) = self.blobs_health().filter(|h| !h.up()) {
+            return Err(Error::StoreUnavailable(format!(
+                "{}; the result is kept by its worker and reported again",
+                h.line()
+            )));
+        }
+        for o in &outputs {
+            self.blobs.try_size(&o.digest)?;
+        }
         let (ready, ticket) = {
             let mut st = self.lock();
             // Checked under the lock, so the collector cannot delete a blob
