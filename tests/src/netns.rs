@@ -292,6 +292,42 @@ impl NetNs {
         self.apply(rules, bound);
     }
 
+    /// Drops every packet between the namespace and `ip:port` (TCP), both
+    /// ways, until [`NetNs::heal`] or for `bound` at most: one link of the
+    /// namespace cut silently, every other one whole.
+    pub fn cut_to(&self, ip: &str, port: u16, bound: Duration) {
+        let port = port.to_string();
+        let rules = vec![
+            vec![
+                "OUTPUT",
+                "-o",
+                &self.ns_if,
+                "-p",
+                "tcp",
+                "-d",
+                ip,
+                "--dport",
+                &port,
+                "-j",
+                "DROP",
+            ],
+            vec![
+                "INPUT",
+                "-i",
+                &self.ns_if,
+                "-p",
+                "tcp",
+                "-s",
+                ip,
+                "--sport",
+                &port,
+                "-j",
+                "DROP",
+            ],
+        ];
+        self.apply(rules, bound);
+    }
+
     /// Drops each packet with probability `p` (0..1), both ways, until
     /// [`NetNs::heal`] or for `bound` at most.
     pub fn lose(&self, p: f64, bound: Duration) {

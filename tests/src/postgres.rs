@@ -373,6 +373,44 @@ impl PgCoordinator {
         extra: &[&str],
         env: &[(&str, String)],
     ) -> Self {
+        let mut cmd = Command::new(crate::tessera());
+        cmd.args(["coordinator", "--listen", listen, "--http", "127.0.0.1:0"]);
+        Self::spawn(cmd, data, store, blobs, extra, env)
+    }
+
+    /// [`PgCoordinator::start`] inside the network namespace `ns`, listening
+    /// (gRPC and HTTP, plain text: the link is the test's own) on its
+    /// address, where the host reaches it.
+    pub fn start_in(
+        ns: &crate::netns::NetNs,
+        data: &Path,
+        store: &str,
+        blobs: &str,
+        extra: &[&str],
+        env: &[(&str, String)],
+    ) -> Self {
+        let mut cmd = ns.command(crate::tessera());
+        let on = format!("{}:0", ns.ns_ip());
+        cmd.args([
+            "coordinator",
+            "--listen",
+            &on,
+            "--http",
+            &on,
+            "--allow-plaintext",
+        ]);
+        Self::spawn(cmd, data, store, blobs, extra, env)
+    }
+
+    /// Runs `cmd` (`tessera coordinator` with its addresses) on the store.
+    fn spawn(
+        mut cmd: Command,
+        data: &Path,
+        store: &str,
+        blobs: &str,
+        extra: &[&str],
+        env: &[(&str, String)],
+    ) -> Self {
         use std::io::BufRead;
         std::fs::create_dir_all(data).unwrap();
         let log = data.join(format!(
@@ -382,8 +420,7 @@ impl PgCoordinator {
                 .unwrap()
                 .as_nanos()
         ));
-        let mut child = Command::new(crate::tessera())
-            .args(["coordinator", "--listen", listen, "--http", "127.0.0.1:0"])
+        let mut child = cmd
             .arg("--data")
             .arg(data)
             .args(["--store", store])

@@ -299,12 +299,20 @@ struct Pair {
 }
 
 impl Pair {
-    fn start(dir: &Path, url_a: &str, url_b: &str) -> Pair {
+    fn start(
+        dir: &Path,
+        ns: Option<&tessera_tests::netns::NetNs>,
+        url_a: &str,
+        url_b: &str,
+    ) -> Pair {
         let blobs = dir.join("blobs");
         let blobs = blobs.to_str().unwrap();
         let ha = ["--lease-ttl", "5", "--failover-seconds", "3"];
         let (data_a, data_b) = (dir.join("a"), dir.join("b"));
-        let a = PgCoordinator::start(&data_a, "127.0.0.1:0", url_a, blobs, &ha, &[]);
+        let a = match ns {
+            Some(ns) => PgCoordinator::start_in(ns, &data_a, url_a, blobs, &ha, &[]),
+            None => PgCoordinator::start(&data_a, "127.0.0.1:0", url_a, blobs, &ha, &[]),
+        };
         assert!(
             a.wait_line("active (epoch", Duration::from_secs(30))
                 .is_some(),
@@ -367,8 +375,68 @@ fn a_silent_cut_between_the_active_and_postgres_hands_over_without_two_actives()
     // A reaches PostgreSQL only through the proxy; B directly.
     let proxy = SilentProxy::start(&format!("127.0.0.1:{}", pg.port())).unwrap();
     let via_proxy = format!("postgres://tessera@127.0.0.1:{}/tessera", proxy.port());
-    let mut pair = Pair::start(dir.path(), &via_proxy, &pg.url());
-    let job = submit(&pair.both, &scene, &["--frames", "1-6"]);
+    let mut pair = Pair::start(dir.path(), None, &via_proxy, &pg.url());
+    cut_between_active_and_postgres(
+        &mut pair,
+        dir.path(),
+        &scene,
+        ("silent cut", "127.0.0.1"),
+        &|| proxy.black_hole(),
+        &|| proxy.restore(),
+    );
+}
+
+/// The same cut made by the kernel: A runs in a network namespace of its
+/// own and iptables there drops every packet between it and PostgreSQL
+/// (reached through a forwarder on the host side of its link, as a pooler
+/// would be), while its workers and clients still reach it.
+#[test]
+fn a_packet_drop_between_the_active_and_postgres_hands_over_without_two_actives() {
+    let test = "a_packet_drop_between_the_active_and_postgres";
+    let Some(pg) = PgServer::start_or_skip(test) else {
+        return;
+    };
+    let Some(ns) = tessera_tests::netns::NetNs::create_or_skip(test) else {
+        return;
+    };
+    let dir = scratch();
+    let scene = scene(&["--kind", "anim", "--frames", "8", "--samples", "128"]);
+    let forwarder = SilentProxy::with_delay(
+        ns.host_ip(),
+        &format!("127.0.0.1:{}", pg.port()),
+        Duration::ZERO,
+    )
+    .unwrap();
+    let url_a = format!(
+        "postgres://tessera@{}:{}/tessera",
+        ns.host_ip(),
+        forwarder.port()
+    );
+    let mut pair = Pair::start(dir.path(), Some(&ns), &url_a, &pg.url());
+    cut_between_active_and_postgres(
+        &mut pair,
+        dir.path(),
+        &scene,
+        ("packet drop", ns.host_ip()),
+        &|| ns.cut_to(ns.host_ip(), forwarder.port(), Duration::from_secs(120)),
+        &|| ns.heal(),
+    );
+}
+
+/// Cuts A (active) from PostgreSQL mid-job with `cut`: A stops answering as
+/// active, B takes over, clients never see two actives, the job finishes
+/// exact with every task completed once; after `heal`, A is a standby
+/// naming B. `what` names the cut in the figures; `store_host` is the host
+/// A reaches PostgreSQL at.
+fn cut_between_active_and_postgres(
+    pair: &mut Pair,
+    dir: &Path,
+    scene: &Path,
+    (what, store_host): (&str, &str),
+    cut: &dyn Fn(),
+    heal: &dyn Fn(),
+) {
+    let job = submit(&pair.both, scene, &["--frames", "1-6"]);
     let before = wait_for(&pair.both, job, LONG, "two frames", |j| {
         j["frames_done"].as_u64().unwrap() >= 2
     });
@@ -383,7 +451,7 @@ fn a_silent_cut_between_the_active_and_postgres_hands_over_without_two_actives()
     );
     // Let the poller see A active first.
     std::thread::sleep(Duration::from_millis(300));
-    proxy.black_hole();
+    cut();
     let cut = Instant::now();
     assert!(
         pair.b
@@ -406,7 +474,7 @@ fn a_silent_cut_between_the_active_and_postgres_hands_over_without_two_actives()
     let roles = String::from_utf8_lossy(&roles.stdout).to_string();
     assert!(
         roles.contains(&format!("{}  standby", pair.a.url))
-            && roles.contains("store: PostgreSQL at 127.0.0.1")
+            && roles.contains(&format!("store: PostgreSQL at {store_host}"))
             && roles.contains("unreachable since"),
         "{roles}"
     );
@@ -450,7 +518,7 @@ fn a_silent_cut_between_the_active_and_postgres_hands_over_without_two_actives()
         "A answered as active after B did: {shown:?}"
     );
     eprintln!(
-        "silent cut: A last answered as active {:.2} s after the cut, B first {:.2} s after it (its takeover line {:.2} s)",
+        "{what}: A last answered as active {:.2} s after the cut, B first {:.2} s after it (its takeover line {:.2} s)",
         since_cut(a_last),
         since_cut(b_first),
         takeover.as_secs_f64()
@@ -478,11 +546,11 @@ fn a_silent_cut_between_the_active_and_postgres_hands_over_without_two_actives()
         j["state"] == "done" || j["state"] == "failed"
     });
     assert_eq!(done["state"], "done", "{done:#}");
-    fetch_exact(&pair.both, job, &scene, 1..=6, dir.path());
+    fetch_exact(&pair.both, job, scene, 1..=6, dir);
     pair.assert_each_task_completed_once(job, 6);
 
     // The network heals: A comes back as standby, naming B, and stays alive.
-    proxy.restore();
+    heal();
     let b_url = pair.b.url.clone();
     assert!(
         eventually(Duration::from_secs(15), || {
@@ -506,7 +574,7 @@ fn postgres_restarting_mid_job_fast_or_immediate_stops_neither_coordinator() {
     };
     let dir = scratch();
     let scene = scene(&["--kind", "anim", "--frames", "8", "--samples", "128"]);
-    let mut pair = Pair::start(dir.path(), &pg.url(), &pg.url());
+    let mut pair = Pair::start(dir.path(), None, &pg.url(), &pg.url());
     let job = submit(&pair.both, &scene, &["--frames", "1-6"]);
     for (mode, frames) in [("fast", 1), ("immediate", 3)] {
         let before = wait_for(&pair.both, job, LONG, "frames", |j| {

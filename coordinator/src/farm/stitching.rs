@@ -175,6 +175,14 @@ impl Farm {
         let now = self.clock.now_ms();
         let mut st = self.lock();
         let entry = st.stitch_errors.entry((id, frame)).or_insert((0, 0));
+        if let Error::Unavailable(_) = e {
+            // The blob store does not answer (`status` says so under
+            // outages): the frame waits for it, however long, without
+            // spending its tries.
+            entry.1 = now + STITCH_BACKOFF_MS * 4;
+            tracing::warn!(job = %id, frame, "cannot read a tile to stitch; waiting for the blob store: {e}");
+            return Ok(());
+        }
         entry.0 += 1;
         let tries = entry.0;
         entry.1 = now + (STITCH_BACKOFF_MS << (tries - 1).min(10));
