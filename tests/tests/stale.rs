@@ -183,7 +183,7 @@ fn a_worker_whose_coordinator_goes_silent_moves_to_the_new_active_and_its_render
     fetch_exact(&both, job, &scene, 1..=4, dir.path());
 
     let log = w.log();
-    let counts = acknowledged(&[log.clone()]);
+    let counts = acknowledged(std::slice::from_ref(&log));
     for index in 0..4 {
         let prefix = format!("{job}.{index}.");
         let n: usize = counts
