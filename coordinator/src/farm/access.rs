@@ -151,7 +151,10 @@ impl Farm {
         let named =
             std::iter::once(("scene", sub.scene)).chain(sub.file_set.map(|d| ("file set", d)));
         for (what, d) in named {
-            if !(Self::possesses(&self.lock(), who, &d) && self.blobs.contains(&d)) {
+            // Possession under the lock, released before the blob store is
+            // asked: a HEAD on S3 must not hold up every other call.
+            let possessed = Self::possesses(&self.lock(), who, &d);
+            if !(possessed && self.blobs.contains(&d)) {
                 return Err(Error::invalid(format!(
                     "{what} {d} has not been uploaded by you; upload it before submitting (tessera submit does this)"
                 )));
@@ -162,14 +165,22 @@ impl Farm {
         };
         // The set is the caller's own: its contents may be read and checked.
         let (files, info) = crate::fileset::check(&self.blobs.read(&set)?, &sub.scene)?;
-        let st = self.lock();
-        let foreign: Vec<&str> = files
-            .files
+        // Possession under the lock, then the blob store without it: a HEAD
+        // on S3 must not hold up every other call.
+        let own: Vec<(&str, &Digest, bool)> = {
+            let st = self.lock();
+            files
+                .files
+                .iter()
+                .filter(|f| f.shared.is_empty())
+                .zip(&info.blobs)
+                .map(|(f, d)| (f.path.as_str(), d, Self::possesses(&st, who, d)))
+                .collect()
+        };
+        let foreign: Vec<&str> = own
             .iter()
-            .filter(|f| f.shared.is_empty())
-            .zip(&info.blobs)
-            .filter(|(_, d)| !Self::possesses(&st, who, d) || !self.blobs.contains(d))
-            .map(|(f, _)| f.path.as_str())
+            .filter(|(_, d, possessed)| !*possessed || !self.blobs.contains(d))
+            .map(|(path, _, _)| *path)
             .take(10)
             .collect();
         if foreign.is_empty() {
@@ -186,11 +197,20 @@ impl Farm {
     /// lacks, and those `who` does not possess (whether another user stored
     /// them is not revealed; the upload proves possession and is stored once).
     pub fn missing_for(&self, who: &Identity, digests: &[Digest]) -> Vec<Digest> {
-        let st = self.lock();
+        // Possession under the lock, the blob store after it (see
+        // `check_submission`).
+        let possessed: Vec<bool> = {
+            let st = self.lock();
+            digests
+                .iter()
+                .map(|d| Self::possesses(&st, who, d))
+                .collect()
+        };
         digests
             .iter()
-            .filter(|d| !Self::possesses(&st, who, d) || !self.blobs.contains(d))
-            .copied()
+            .zip(possessed)
+            .filter(|(d, possessed)| !*possessed || !self.blobs.contains(d))
+            .map(|(d, _)| *d)
             .collect()
     }
 
