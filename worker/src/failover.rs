@@ -37,6 +37,9 @@ pub struct Failover {
     /// Shared by every channel made for the same address list, so a
     /// command's later connections start where the probe found the active one.
     current: Arc<AtomicUsize>,
+    /// Per address: woken when a call to it runs past its deadline, so that
+    /// every other call waiting on it gives up too and moves on.
+    silenced: Arc<[tokio::sync::Notify]>,
 }
 
 impl Failover {
@@ -50,10 +53,15 @@ impl Failover {
             .entry(key.to_string())
             .or_default()
             .clone();
+        let silenced = channels
+            .iter()
+            .map(|_| tokio::sync::Notify::new())
+            .collect();
         Self {
             channels: channels.into(),
             urls: urls.into(),
             current,
+            silenced,
         }
     }
 
@@ -87,15 +95,28 @@ impl Service<http::Request<Body>> for Failover {
         // Enforced here, not only by the channel: a call waiting for a
         // connection to a silent peer is timed too.
         let deadline = crate::deadline::of(req.headers());
+        let silenced = self.silenced.clone();
         Box::pin(async move {
             let call = async {
                 std::future::poll_fn(|cx| channel.poll_ready(cx)).await?;
                 channel.call(req).await
             };
+            // Registered before the call starts: another call to this
+            // address that runs past its deadline ends this one too (a
+            // result upload already on its way to a coordinator gone silent
+            // would otherwise wait out its own, longer deadline there).
+            let gone_silent = silenced[i].notified();
+            let mut cut_short = false;
             let mut result: Result<Self::Response, Self::Error> = match deadline {
-                Some(d) => match tokio::time::timeout(d, call).await {
-                    Ok(r) => r.map_err(Into::into),
-                    Err(_) => Err(Box::new(tonic::TimeoutExpired(()))),
+                Some(d) => tokio::select! {
+                    r = tokio::time::timeout(d, call) => match r {
+                        Ok(r) => r.map_err(Into::into),
+                        Err(_) => Err(Box::new(tonic::TimeoutExpired(()))),
+                    },
+                    _ = gone_silent => {
+                        cut_short = true;
+                        Err(Box::new(tonic::TimeoutExpired(())))
+                    }
                 },
                 None => call.await.map_err(Into::into),
             };
@@ -108,10 +129,16 @@ impl Service<http::Request<Body>> for Failover {
                     } else {
                         String::new()
                     };
-                    let words =
-                        format!("the coordinator at {url} did not answer within {d:?}{next}");
+                    let words = if cut_short {
+                        format!("the coordinator at {url} went silent (another call to it ran past its deadline){next}")
+                    } else {
+                        format!("the coordinator at {url} did not answer within {d:?}{next}")
+                    };
                     tracing::warn!("{words}");
                     result = Err(tonic::Status::deadline_exceeded(words).into());
+                    if !cut_short {
+                        silenced[i].notify_waiters();
+                    }
                 }
             }
             let move_on = match &result {
