@@ -635,28 +635,33 @@ pub fn worker_token(url: &str) -> String {
     token_for(url, true).expect("a coordinator started by this test process")
 }
 
+/// Adds the arguments of a test worker (one slot of one thread, CPU, its
+/// cache under `dir`) that reaches `url` as `name` to `cmd`.
+pub fn worker_args<'c>(cmd: &'c mut Command, url: &str, dir: &Path, name: &str) -> &'c mut Command {
+    cmd.args([
+        "worker",
+        "--coordinator",
+        url,
+        "--name",
+        name,
+        "--slots",
+        "1",
+        "--threads",
+        "1",
+        "--device",
+        "cpu",
+        "--cache",
+    ])
+    .arg(dir.join(format!("cache-{name}")))
+}
+
 /// Starts a worker (one slot of one thread) with extra arguments and extra
 /// environment variables, without `TESSERA_TOKEN`: the token must come from
 /// the arguments (e.g. `--token-file`).
 pub fn worker_env(url: &str, dir: &Path, name: &str, extra: &[&str], env: &[(&str, &str)]) -> Proc {
-    let cache = dir.join(format!("cache-{name}"));
     let log = dir.join(format!("worker-{name}.log"));
-    let child = Command::new(tessera())
-        .args([
-            "worker",
-            "--coordinator",
-            url,
-            "--name",
-            name,
-            "--slots",
-            "1",
-            "--threads",
-            "1",
-            "--device",
-            "cpu",
-            "--cache",
-        ])
-        .arg(&cache)
+    let mut cmd = Command::new(tessera());
+    let child = worker_args(&mut cmd, url, dir, name)
         .args(extra)
         .env_remove("TESSERA_TOKEN")
         .envs(env.iter().copied())

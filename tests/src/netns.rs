@@ -263,22 +263,7 @@ impl NetNs {
     /// reaches the coordinator at `url` (on [`NetNs::host_ip`]) with `token`.
     pub fn worker(&self, url: &str, token: &str, dir: &Path, name: &str) -> Proc {
         let mut cmd = self.command(crate::tessera());
-        cmd.args([
-            "worker",
-            "--coordinator",
-            url,
-            "--name",
-            name,
-            "--slots",
-            "1",
-            "--threads",
-            "1",
-            "--device",
-            "cpu",
-            "--cache",
-        ])
-        .arg(dir.join(format!("cache-{name}")))
-        .env("TESSERA_TOKEN", token);
+        crate::worker_args(&mut cmd, url, dir, name).env("TESSERA_TOKEN", token);
         self.spawn(cmd, &dir.join(format!("worker-{name}.log")))
     }
 
