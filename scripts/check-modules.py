@@ -3,10 +3,11 @@
 modules of each crate (and among the add-on's modules), and no import from a
 lower layer to a higher one where ARCHITECTURE.md gives a crate layers.
 
-A module is a top-level module of a crate (`coordinator/src/job.rs` and
-everything under `coordinator/src/job/` are `job`). Module A depends on B when
-a file of A names `crate::B` (in a `use` tree or a path) or reaches B through
-`super::`. A module's own children and `#[cfg(test)]` files (`tests.rs`,
+Modules are compared with their siblings, at every level: the top-level
+modules of a crate (`coordinator/src/farm.rs` and everything under
+`coordinator/src/farm/` are `farm`), the children of `model`, and so on.
+Module A depends on its sibling B when a file of A names B by a path
+(`crate::…`, `super::…`, `self::…`, in a `use` tree or in code). A module's own children and `#[cfg(test)]` files (`tests.rs`,
 `*_tests.rs`, `tests/`) do not count: tests may look anywhere.
 
 Usage: scripts/check-modules.py [--graph]   (exit 1 on a circle or a breach)
@@ -69,77 +70,89 @@ def cfg_test_free(text: str) -> str:
     return "".join(out)
 
 
-def heads_of_group(group: str) -> list:
-    """The first identifier of each top-level item of a `{a::b, c, d::{e}}`."""
-    heads, depth, item = [], 0, ""
-    for ch in group:
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-        if depth == 0 and ch == ",":
-            heads.append(item)
-            item = ""
-        elif depth >= 0:
-            item += ch
-    heads.append(item)
-    names = []
-    for h in heads:
-        m = re.match(r"\s*(" + IDENT + ")", h)
-        if m and m.group(1) != "self":
-            names.append(m.group(1))
-    return names
+def parse_tree(text: str, i: int) -> tuple:
+    """Parses a path tree at `i` (`a::b::{c, d::e}`); returns the paths it
+    names (lists of segments) and where it ends."""
+    m = re.match(r"\s*(" + IDENT + r"|\*)", text[i:])
+    if not m:
+        return [], i
+    head, i = m.group(1), i + m.end()
+    if text.startswith("::", i):
+        i += 2
+        if text.startswith("{", i):
+            paths, i = parse_group(text, i)
+        else:
+            paths, i = parse_tree(text, i)
+        return [[head] + p for p in paths], i
+    return [[head]], i
 
 
-def group_after(text: str, start: int) -> str:
-    """The text of the brace group opening at `start`, without the braces."""
-    depth, j = 0, start
-    while j < len(text):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        j += 1
-        if depth == 0:
+def parse_group(text: str, i: int) -> tuple:
+    """Parses `{tree, tree, ...}` at `i`."""
+    paths, i = [], i + 1
+    while i < len(text):
+        sub, j = parse_tree(text, i)
+        paths += sub
+        m = re.match(r"\s*(?:as\s+" + IDENT + r")?\s*([,}])", text[j:])
+        if not m:
+            return paths, j
+        i = j + m.end()
+        if m.group(1) == "}":
             break
-    return text[start + 1 : j - 1]
+    return paths, i
+
+
+def references(text: str, me: list) -> list:
+    """Absolute module paths named in `text` by a file of module `me`."""
+    out = []
+    for m in re.finditer(r"\b(crate|(?:super::)+|self)::", text):
+        if m.start() > 0 and text[m.start() - 1] == ":":
+            continue
+        start = m.group(1)
+        if start == "crate":
+            base = []
+        elif start == "self":
+            base = list(me)
+        else:
+            base = me[: len(me) - start.count("super")]
+        j = m.end()
+        if text.startswith("{", j):
+            paths, _ = parse_group(text, j)
+        else:
+            paths, _ = parse_tree(text, j)
+        out += [base + [s for s in p if s not in ("self", "*")] for p in paths]
+    return out
 
 
 def rust_edges(crate: str, src: Path) -> dict:
-    tops = set()
+    """Edges between sibling modules, by parent: {parent: {a: {b: file}}}."""
+    modules = set()
     for f in src.rglob("*.rs"):
-        mp = module_path(f.relative_to(src))
-        if mp:
-            tops.add(mp[0])
-    edges = {t: {} for t in tops}
+        rel = f.relative_to(src)
+        if "bin" in rel.parts[:1]:
+            continue
+        mp = tuple(module_path(rel))
+        for k in range(1, len(mp) + 1):
+            modules.add(mp[:k])
+    graphs = {}
+    for mod in modules:
+        graphs.setdefault(mod[:-1], {}).setdefault(mod[-1], {})
     for f in sorted(src.rglob("*.rs")):
         rel = f.relative_to(src)
         if is_test_file(rel) or "bin" in rel.parts[:1]:
             continue
-        mp = module_path(rel)
-        if not mp:
-            continue
-        me = mp[0]
+        me = module_path(rel)
         text = cfg_test_free(strip_comments(f.read_text()))
-        targets = []
-        # crate::x and crate::{x, y}
-        for m in re.finditer(r"\bcrate::(\{|" + IDENT + ")", text):
-            if m.group(1) == "{":
-                targets += heads_of_group(group_after(text, m.start(1)))
-            else:
-                targets.append(m.group(1))
-        # super::super::x reaching a sibling of a top-level module
-        for m in re.finditer(r"\b((?:super::)+)(\{|" + IDENT + ")", text):
-            ups = m.group(1).count("super")
-            # A file's own module is mp; `super` is its parent.
-            base = mp[: len(mp) - ups]
-            if base:
-                continue  # stays inside the same top-level module
-            if m.group(2) == "{":
-                targets += heads_of_group(group_after(text, m.start(2)))
-            else:
-                targets.append(m.group(2))
-        for t in targets:
-            if t in tops and t != me:
-                edges[me].setdefault(t, str(rel))
-    return edges
+        for target in references(text, me):
+            # The module it names: its longest prefix that is a module.
+            while target and tuple(target) not in modules:
+                target.pop()
+            k = 0
+            while k < min(len(me), len(target)) and me[k] == target[k]:
+                k += 1
+            if k < len(me) and k < len(target):
+                graphs[tuple(me[:k])][me[k]].setdefault(target[k], str(rel))
+    return graphs
 
 
 def python_edges(pkg: Path) -> dict:
@@ -214,7 +227,10 @@ def layers(crate: str) -> dict:
 def main() -> int:
     show = "--graph" in sys.argv
     bad = 0
-    graphs = {c: rust_edges(c, p) for c, p in CRATES.items()}
+    graphs = {}
+    for c, p in CRATES.items():
+        for parent, edges in sorted(rust_edges(c, p).items()):
+            graphs["::".join((c,) + parent)] = edges
     graphs["addon"] = python_edges(ADDON)
     for crate, edges in graphs.items():
         if show:

@@ -265,7 +265,7 @@ pub async fn submit(c: &mut Client, dir: &Path, args: &JobArgs, preview: bool) -
                 job.features
             };
             if args.scene_python {
-                features.push(tessera_coordinator::hardware::SCENE_PYTHON.to_string());
+                features.push(tessera_coordinator::model::hardware::SCENE_PYTHON.to_string());
             }
             features
         },

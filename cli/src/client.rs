@@ -11,7 +11,7 @@ use tessera_worker::agent::{Access, Conn};
 use tonic::Code;
 
 use tessera_coordinator::blendfile;
-use tessera_coordinator::frames::FrameSet;
+use tessera_coordinator::model::frames::FrameSet;
 use tessera_worker::{agent, transfer};
 
 /// The largest reply the CLI decodes (a page of 10,000 tasks with failure

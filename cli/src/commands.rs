@@ -388,7 +388,7 @@ impl Prepared {
             .iter()
             .filter(|f| !have.contains(f))
             .map(|f| {
-                tessera_coordinator::hardware::FEATURES
+                tessera_coordinator::model::hardware::FEATURES
                     .iter()
                     .find(|(k, _)| k == f)
                     .map_or(f.clone(), |(_, name)| name.to_string())
@@ -410,7 +410,7 @@ pub async fn prepare(job: &JobArgs) -> Result<Prepared> {
             job.chunk
         );
     }
-    let grid: tessera_coordinator::tiles::Grid =
+    let grid: tessera_coordinator::model::tiles::Grid =
         job.tiles.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
     // One Blender start reads the scene's files and facts; an unchanged
     // scene is not read again (see `fileset::trace_cached`). It is read by
@@ -429,7 +429,7 @@ pub async fn prepare(job: &JobArgs) -> Result<Prepared> {
     }
     client::check_frames(&frames)?;
     if let Some(f) = facts.as_ref().filter(|_| grid.count() > 1) {
-        tessera_coordinator::tiles::split(f.width, f.height, grid, u32::MAX)
+        tessera_coordinator::model::tiles::split(f.width, f.height, grid, u32::MAX)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
     let layout = fileset::layout(&scene, &trace, &job.shared)?;
@@ -452,7 +452,7 @@ pub async fn prepare(job: &JobArgs) -> Result<Prepared> {
                 fileset::features(&trace)
             };
             if job.scene_python {
-                features.push(tessera_coordinator::hardware::SCENE_PYTHON.to_string());
+                features.push(tessera_coordinator::model::hardware::SCENE_PYTHON.to_string());
             }
             features
         },

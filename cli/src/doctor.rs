@@ -376,8 +376,8 @@ pub async fn coordinator(c: CoordinatorChecks<'_>) -> Result<()> {
         ),
     }
     let spec = c.blobs.unwrap_or("");
-    let place = tessera_coordinator::blob_location::describe(spec, c.data);
-    let opened = tessera_coordinator::blob_location::open(spec, c.data, 1 << 20);
+    let place = tessera_coordinator::blobs::location::describe(spec, c.data);
+    let opened = tessera_coordinator::blobs::location::open(spec, c.data, 1 << 20);
     match opened {
         Ok(store) => {
             // A lookup makes an S3 bucket answer; a folder just opened.

@@ -55,7 +55,7 @@ pub async fn coordinator(
     args: &CoordinatorArgs,
     config: tessera_coordinator::Config,
     tls: Option<(Vec<u8>, Vec<u8>)>,
-    ffmpeg: tessera_coordinator::preview::encode::Ffmpeg,
+    ffmpeg: tessera_coordinator::imaging::video::Ffmpeg,
 ) -> Result<()> {
     let url = args.store.clone().unwrap_or_default().trim().to_string();
     if !(args.failover_seconds.is_finite() && args.failover_seconds >= 1.0) {

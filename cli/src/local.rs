@@ -36,7 +36,7 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         for o in &mut offered {
             o.caps
                 .features
-                .push(tessera_coordinator::hardware::SCENE_PYTHON.to_string());
+                .push(tessera_coordinator::model::hardware::SCENE_PYTHON.to_string());
         }
     }
     let chosen = crate::runtimes::choose(&local, &frames.scene, args.job.requirement()?)?;

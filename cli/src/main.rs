@@ -353,7 +353,7 @@ struct CoordinatorArgs {
     /// Largest frame (and tile) accepted, WIDTHxHEIGHT: at most W*H pixels,
     /// neither side over the larger of W and H. Checked at submit and before stitching.
     #[arg(long, default_value = "16384x16384")]
-    max_pixels: tessera_coordinator::limits::PixelLimit,
+    max_pixels: tessera_coordinator::imaging::limits::PixelLimit,
     /// Most workers one worker token may have online at once.
     #[arg(long, default_value_t = 1024)]
     max_workers_per_token: u32,
@@ -552,7 +552,9 @@ struct WorkerArgs {
 
 impl JobArgs {
     /// The job's Blender version requirement, when `--blender` gives one.
-    fn requirement(&self) -> anyhow::Result<Option<tessera_coordinator::runtime::VersionReq>> {
+    fn requirement(
+        &self,
+    ) -> anyhow::Result<Option<tessera_coordinator::model::runtime::VersionReq>> {
         runtimes::requirement(Some(&self.blender))
     }
 

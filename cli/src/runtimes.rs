@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use tessera_coordinator::runtime::{Version, VersionReq};
+use tessera_coordinator::model::runtime::{Version, VersionReq};
 use tessera_worker::runtime::{self as rt, Offered, Runtime, Spec};
 
 /// Where `bpy` runtimes are installed when no folder is given:

@@ -6,7 +6,7 @@ use tokio::sync::watch;
 
 use crate::commands::shutdown_signal;
 use crate::{CoordinatorArgs, WorkerArgs};
-use tessera_coordinator::connections::ConnectionLimits;
+use tessera_coordinator::adapters::connections::ConnectionLimits;
 use tessera_worker::agent::Access;
 
 /// Coordinator settings from the command line.
@@ -25,7 +25,7 @@ pub fn coordinator_config(a: &CoordinatorArgs) -> Result<tessera_coordinator::Co
         max_attempts: a.max_attempts.max(1),
         max_upload: a.max_upload_mib.saturating_mul(1 << 20),
         max_tiles: a.max_tiles,
-        health: tessera_coordinator::hardware::HealthLimits {
+        health: tessera_coordinator::model::hardware::HealthLimits {
             max_temp_c: a.max_gpu_temp,
             max_ecc_per_day: a.max_ecc_per_day,
         },
@@ -95,7 +95,7 @@ pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
             args.preview_timeout
         );
     }
-    let ffmpeg = tessera_coordinator::preview::encode::Ffmpeg {
+    let ffmpeg = tessera_coordinator::imaging::video::Ffmpeg {
         program: args.ffmpeg.clone(),
         timeout: std::time::Duration::from_secs_f64(args.preview_timeout.min(86_400.0)),
     };
@@ -131,12 +131,12 @@ pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
 pub fn open_blobs(
     args: &CoordinatorArgs,
     max_upload: u64,
-) -> Result<std::sync::Arc<dyn tessera_coordinator::blob_store::BlobStore>> {
+) -> Result<std::sync::Arc<dyn tessera_coordinator::blobs::BlobStore>> {
     let spec = args.blobs.as_deref().unwrap_or("");
-    tessera_coordinator::blob_location::open(spec, &args.data, max_upload).with_context(|| {
+    tessera_coordinator::blobs::location::open(spec, &args.data, max_upload).with_context(|| {
         format!(
             "cannot open the blob store {}",
-            tessera_coordinator::blob_location::describe(spec, &args.data)
+            tessera_coordinator::blobs::location::describe(spec, &args.data)
         )
     })
 }
@@ -394,7 +394,8 @@ pub async fn worker(url: &Access, args: WorkerArgs) -> Result<()> {
 
 /// The price per hour, from the command line.
 fn price(p: f64) -> Result<f64> {
-    tessera_coordinator::usage::check_price(p).map_err(|e| anyhow::anyhow!("--price-per-hour: {e}"))
+    tessera_coordinator::model::usage::check_price(p)
+        .map_err(|e| anyhow::anyhow!("--price-per-hour: {e}"))
 }
 
 /// The shutdown grace period, from the command line.

@@ -28,20 +28,20 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::auth::{self, Identity, Role, UserRecord};
-use crate::blob_store::BlobStore;
+use crate::blobs::BlobStore;
 use crate::clock::Clock;
 use crate::digest::Digest;
 use crate::error::Error;
-use crate::frames::FrameSet;
-use crate::hardware::{Device, Gpu, Health, HealthLimits, Requirements, SlotCap};
-use crate::job::{Job, JobId, JobState};
-use crate::refs::{self, BlobRefs};
-use crate::store::{ArchivedSummary, MetaStore};
-use crate::task::{
+use crate::model::frames::FrameSet;
+use crate::model::hardware::{Device, Gpu, Health, HealthLimits, Requirements, SlotCap};
+use crate::model::job::{Job, JobId, JobState};
+use crate::model::task::{
     Completion, FailOutcome, FailureScope, FrameOutput, LeaseId, Task, TaskState, TileTask,
 };
-use crate::tiles::{self, Grid, Rect};
-use crate::worker::{WorkerId, WorkerRecord};
+use crate::model::tiles::{self, Grid, Rect};
+use crate::model::worker::{WorkerId, WorkerRecord};
+use crate::store::{ArchivedSummary, MetaStore};
+use refs::BlobRefs;
 
 use scheduler::{capable, pick, Asker};
 use state::State;
@@ -55,7 +55,9 @@ mod gc;
 mod jobs;
 mod leases;
 mod pipeline;
+pub mod preview_runner;
 mod previews;
+pub mod refs;
 mod results;
 mod scheduler;
 mod state;
@@ -72,13 +74,14 @@ mod verification_tests;
 mod views;
 mod workers;
 
+pub use crate::model::task::TaskCounts;
 pub use autoscale::DesiredSlots;
 pub use pipeline::JobUpdate;
 pub use previews::PreviewWork;
 pub use results::PendingResult;
 pub use stats::{Latency, Stats, DURATION_BUCKETS, LATENCY_BUCKETS};
 pub use txn::Ticket;
-pub use views::{FrameTiles, JobSnapshot, Page, TaskCounts};
+pub use views::{FrameTiles, JobSnapshot, Page};
 
 /// Limits and timings of a coordinator.
 #[derive(Debug, Clone)]
@@ -108,7 +111,7 @@ pub struct Config {
     pub blob_grace_ms: u64,
     /// The largest frame (and so tile) accepted, checked at submit and
     /// before stitching.
-    pub max_pixels: crate::limits::PixelLimit,
+    pub max_pixels: crate::imaging::limits::PixelLimit,
     /// Most workers of one token online at once.
     pub max_workers_per_token: u32,
     /// Most slots (and GPUs) one worker may offer.
@@ -138,13 +141,13 @@ impl Default for Config {
             auth: true,
             max_message: 4 << 20,
             blob_grace_ms: 60_000,
-            max_pixels: crate::limits::PixelLimit::default(),
+            max_pixels: crate::imaging::limits::PixelLimit::default(),
             max_workers_per_token: 1024,
             max_slots: 256,
             keep_ms: None,
             target_drain_ms: 30 * 60_000,
-            verify_untrusted: crate::verify::DEFAULT_VERIFY_UNTRUSTED,
-            verify_seed: crate::verify::DEFAULT_SEED,
+            verify_untrusted: crate::model::verify::DEFAULT_VERIFY_UNTRUSTED,
+            verify_seed: crate::model::verify::DEFAULT_SEED,
         }
     }
 }
@@ -190,7 +193,7 @@ pub struct Submission {
     /// The most it may cost (`--max-cost`).
     pub max_cost: Option<f64>,
     /// Which worker capacity it accepts (`--capacity`).
-    pub capacity: crate::usage::CapacityPref,
+    pub capacity: crate::model::usage::CapacityPref,
     /// Make a preview video when the job is done (`submit --preview`).
     pub preview: bool,
     /// The fraction of tasks rendered twice and compared (0..1).
@@ -255,10 +258,10 @@ pub struct Assignment {
     /// The job's file set blob, when it has one.
     pub file_set: Option<Digest>,
     /// The version of the worker's Blender to render it with.
-    pub blender: Option<crate::runtime::Version>,
+    pub blender: Option<crate::model::runtime::Version>,
     /// The coordinator's `--max-pixels`, for the worker to check the
     /// scene's real output size against.
-    pub max_pixels: crate::limits::PixelLimit,
+    pub max_pixels: crate::imaging::limits::PixelLimit,
     /// Run the scene's stored Python (the job's `scene-python` feature).
     pub scene_python: bool,
 }
@@ -292,14 +295,14 @@ pub struct Registration {
     pub features: Vec<String>,
     /// Every Blender it offers (empty: one, described by `blender_version`
     /// and `features`).
-    pub runtimes: Vec<crate::runtime::Runtime>,
+    pub runtimes: Vec<crate::model::runtime::Runtime>,
     /// The user whose token registers it (set from the token, never from
     /// the message).
     pub owner: String,
     /// What the whole machine costs per hour (`--price-per-hour`).
     pub price_per_hour: f64,
     /// How its capacity is bought (`--capacity`).
-    pub capacity: crate::usage::Capacity,
+    pub capacity: crate::model::usage::Capacity,
     /// Not the operator's machine (`worker --untrusted`).
     pub untrusted: bool,
 }
@@ -418,12 +421,12 @@ impl Farm {
     }
 
     /// Whether the metadata store answers, for a store on another machine.
-    pub fn store_health(&self) -> Option<crate::store::StoreHealth> {
+    pub fn store_health(&self) -> Option<crate::health::StoreHealth> {
         self.store.health()
     }
 
     /// Whether the blob store answers, for a store on another machine.
-    pub fn blobs_health(&self) -> Option<crate::store::StoreHealth> {
+    pub fn blobs_health(&self) -> Option<crate::health::StoreHealth> {
         self.blobs.health()
     }
 

@@ -52,15 +52,14 @@
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
+use crate::health::StoreHealth;
 use crate::store::postgres::{
     connect, describe, parse_url, pg_error, session_settings, PgTls, CHECK_SERVER,
 };
-use crate::store::StoreHealth;
 
-pub mod lease;
 pub mod standby;
 
-pub use lease::Lease;
+pub use crate::store::leadership::Lease;
 
 /// Who is active, as the leader row says.
 #[derive(Debug, Clone, PartialEq, Eq)]

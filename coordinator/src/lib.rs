@@ -42,43 +42,23 @@
 // The OpenAPI document is one large `json!` literal.
 #![recursion_limit = "256"]
 
-pub mod api;
+pub mod adapters;
 pub mod auth;
-pub mod aws_profile;
 pub mod blendfile;
-pub mod blob_location;
-pub mod blob_store;
+pub mod blobs;
 pub mod clock;
-pub mod connections;
-pub mod convert;
 pub mod digest;
 pub mod error;
 pub mod farm;
-pub mod fileset;
-pub mod frame_image;
-pub mod frames;
-pub mod grpc;
 pub mod ha;
-pub mod hardware;
-pub mod http;
-pub mod job;
-pub mod limits;
-pub mod metrics;
-pub mod preview;
-pub mod refs;
-pub mod runtime;
-pub mod s3_blobs;
+pub mod health;
+pub mod imaging;
+pub mod model;
 pub mod server;
 pub mod space;
-pub mod stitch;
 pub mod store;
-pub mod task;
-pub mod tiles;
-pub mod usage;
-pub mod verify;
-pub mod worker;
 
 pub use error::Error;
 pub use farm::{Config, Farm};
+pub use model::verify::DEFAULT_VERIFY_UNTRUSTED;
 pub use server::Coordinator;
-pub use verify::DEFAULT_VERIFY_UNTRUSTED;

@@ -8,13 +8,13 @@ use std::time::Duration;
 use tessera_proto as pb;
 use tokio::net::TcpListener;
 
+use crate::adapters::connections::{ConnectionLimits, Gate};
+use crate::adapters::grpc::{BlobsService, FarmService, WorkService};
 use crate::auth::Role;
-use crate::blob_store::{BlobStore, FsBlobStore};
+use crate::blobs::{BlobStore, FsBlobStore};
 use crate::clock::SystemClock;
-use crate::connections::{ConnectionLimits, Gate, Watched, H2_PREFACE};
 use crate::error::Error;
 use crate::farm::{Config, Farm};
-use crate::grpc::{BlobsService, FarmService, WorkService};
 use crate::store::{MetaStore, SledStore};
 use tonic::service::interceptor::InterceptedService;
 
@@ -24,7 +24,7 @@ pub struct Coordinator {
     admin_token: Option<std::path::PathBuf>,
     tls: Option<(Vec<u8>, Vec<u8>)>,
     /// How preview videos are made, and where their frames are laid out.
-    previews: (crate::preview::encode::Ffmpeg, std::path::PathBuf),
+    previews: (crate::imaging::video::Ffmpeg, std::path::PathBuf),
     /// How many connections both ports take, and how long they may stall.
     limits: ConnectionLimits,
     /// Asked on every request: Some(words) when this coordinator may no
@@ -32,9 +32,7 @@ pub struct Coordinator {
     active: Option<ActiveCheck>,
 }
 
-/// Whether a coordinator may answer as active: None when it may, else the
-/// words of a standby's refusal.
-pub type ActiveCheck = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+pub use crate::adapters::http::ActiveCheck;
 
 /// Aborts a background task when the server's future ends or is dropped.
 struct AbortOnDrop(tokio::task::AbortHandle);
@@ -68,7 +66,7 @@ impl Coordinator {
     }
 
     /// Opens `data` (creating it) for the metadata, with the blobs in
-    /// `blobs` (see [`crate::blob_location::open`]).
+    /// `blobs` (see [`crate::blobs::location::open`]).
     pub fn open_with_blobs(
         data: &Path,
         config: Config,
@@ -127,7 +125,7 @@ impl Coordinator {
 
     /// Makes preview videos with this ffmpeg (default: `ffmpeg` on `PATH`,
     /// at most 10 minutes a preview).
-    pub fn with_ffmpeg(mut self, ffmpeg: crate::preview::encode::Ffmpeg) -> Self {
+    pub fn with_ffmpeg(mut self, ffmpeg: crate::imaging::video::Ffmpeg) -> Self {
         self.previews.0 = ffmpeg;
         self
     }
@@ -164,7 +162,7 @@ impl Coordinator {
         let gate = Gate::new(self.limits);
         // The HTTP port serves HTTPS with the same certificate as gRPC.
         let http_tls = match (&http, &self.tls) {
-            (Some(_), Some((cert, key))) => Some(crate::api::tls::acceptor(cert, key)?),
+            (Some(_), Some((cert, key))) => Some(crate::adapters::http::tls::acceptor(cert, key)?),
             _ => None,
         };
         let http_task = http.map(|l| {
@@ -175,7 +173,9 @@ impl Coordinator {
                 let stopped = async move {
                     let _ = http_stopped.await;
                 };
-                if let Err(e) = crate::http::serve(farm, l, http_tls, gate, active, stopped).await {
+                if let Err(e) =
+                    crate::adapters::http::serve(farm, l, http_tls, gate, active, stopped).await
+                {
                     tracing::error!("HTTP server stopped: {e}");
                 }
             })
@@ -187,7 +187,7 @@ impl Coordinator {
         // this returns (the guard stops it).
         let (ffmpeg, scratch) = self.previews.clone();
         let _previews =
-            crate::preview::runner::Runner::new(self.farm.clone(), ffmpeg, scratch).start();
+            crate::farm::preview_runner::Runner::new(self.farm.clone(), ffmpeg, scratch).start();
         let farm = self.farm.clone();
         let reaper = tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -221,15 +221,15 @@ impl Coordinator {
         let _reaper_guard = AbortOnDrop(reaper.abort_handle());
         let addr = listener.local_addr().ok();
         tracing::info!(?addr, "coordinator listening");
-        let incoming = gated(listener, gate);
+        let incoming = crate::adapters::connections::gated(listener, gate);
         let guard = |roles: &'static [Role]| {
             let farm = self.farm.clone();
             let active = self.active.clone();
             move |req: tonic::Request<()>| {
                 if let Some(words) = active.as_ref().and_then(|check| check()) {
-                    return Err(crate::ha::standby::refusal_status(words));
+                    return Err(crate::adapters::refusal::refusal_status(words));
                 }
-                crate::grpc::authorize(&farm, req, roles)
+                crate::adapters::grpc::authorize(&farm, req, roles)
             }
         };
         let max_message = self.farm.config().max_message;
@@ -262,7 +262,7 @@ impl Coordinator {
             .layer(tower::util::MapRequestLayer::new(
                 move |r: axum::http::Request<tonic::body::Body>| {
                     r.map(|b| {
-                        tonic::body::Body::new(crate::connections::Paced::new(
+                        tonic::body::Body::new(crate::adapters::connections::Paced::new(
                             b,
                             limits.body_timeout,
                         ))
@@ -290,29 +290,4 @@ impl Coordinator {
         }
         result.map_err(|e| Error::Store(format!("server stopped: {e}")))
     }
-}
-
-/// The gRPC port's connections: those `gate` admits, watched for stalls,
-/// the HTTP/2 preface due within the header timeout. Refused ones are closed.
-pub(crate) fn gated(
-    listener: TcpListener,
-    gate: Arc<Gate>,
-) -> impl tokio_stream::Stream<Item = std::io::Result<Watched<tokio::net::TcpStream>>> {
-    tokio_stream::StreamExt::filter_map(
-        tokio_stream::wrappers::TcpListenerStream::new(listener),
-        move |s| {
-            let s = match s {
-                Ok(s) => s,
-                Err(e) => return Some(Err(e)),
-            };
-            // Small replies (a lease, an ack) must not wait for Nagle's
-            // algorithm and the peer's delayed ACK (about 40 ms).
-            if let Err(e) = s.set_nodelay(true) {
-                return Some(Err(e));
-            }
-            let peer = s.peer_addr().ok()?;
-            let permit = gate.admit_logged(peer.ip(), "gRPC")?;
-            Some(Ok(Watched::new(s, permit, H2_PREFACE)))
-        },
-    )
 }

@@ -18,15 +18,15 @@ use sled::Transactional;
 use crate::auth::UserRecord;
 use crate::digest::Digest;
 use crate::error::Error;
-use crate::job::{Job, JobId};
-use crate::task::Task;
-use crate::worker::{WorkerId, WorkerRecord};
+use crate::model::job::{Job, JobId};
+use crate::model::task::Task;
+use crate::model::worker::{WorkerId, WorkerRecord};
 
-pub mod health;
+pub mod leadership;
 pub mod postgres;
 pub mod suite;
 
-pub use health::StoreHealth;
+pub use crate::health::StoreHealth;
 pub use postgres::PgStore;
 
 /// One record to write.
@@ -52,7 +52,7 @@ pub enum Record<'a> {
     /// and purged).
     Delete(JobId),
     /// A frame of a tiled job, stitched.
-    Stitched(JobId, &'a crate::task::FrameOutput),
+    Stitched(JobId, &'a crate::model::task::FrameOutput),
 }
 
 /// A summary of an archived job, kept in memory.
@@ -61,10 +61,10 @@ pub struct ArchivedSummary {
     /// The job record (its stitched frames moved to the outputs).
     pub job: Job,
     /// Its tasks by state when it was archived.
-    pub counts: crate::farm::TaskCounts,
+    pub counts: crate::model::task::TaskCounts,
     /// What its attempts cost.
     #[serde(default)]
-    pub usage: crate::usage::Usage,
+    pub usage: crate::model::usage::Usage,
 }
 
 /// An archived job as stored.
@@ -77,7 +77,7 @@ pub struct ArchivedJob {
     pub blobs: Vec<Digest>,
     /// Its outputs, read only when asked for.
     #[serde(default, skip_serializing)]
-    pub outputs: Vec<crate::task::FrameOutput>,
+    pub outputs: Vec<crate::model::task::FrameOutput>,
 }
 
 /// Everything the store holds, read at start-up.
@@ -108,7 +108,7 @@ pub trait MetaStore: Send + Sync + 'static {
     /// An archived job's record (its outputs left out).
     fn load_archived(&self, id: JobId) -> Result<Option<ArchivedJob>, Error>;
     /// The outputs of an archived job.
-    fn archived_outputs(&self, id: JobId) -> Result<Vec<crate::task::FrameOutput>, Error>;
+    fn archived_outputs(&self, id: JobId) -> Result<Vec<crate::model::task::FrameOutput>, Error>;
     /// Deletes the task records of a job that was archived or deleted (they
     /// are ignored already; this frees their space). Not atomic.
     fn purge_tasks(&self, id: JobId) -> Result<(), Error>;
@@ -414,7 +414,7 @@ impl MetaStore for SledStore {
         })
     }
 
-    fn archived_outputs(&self, id: JobId) -> Result<Vec<crate::task::FrameOutput>, Error> {
+    fn archived_outputs(&self, id: JobId) -> Result<Vec<crate::model::task::FrameOutput>, Error> {
         self.with(|s| match s.archive_outputs.get(id.0.to_be_bytes())? {
             Some(v) => Ok(serde_json::from_slice(&v)?),
             None => Ok(Vec::new()),
@@ -564,7 +564,7 @@ impl SledStore {
                 "stitched frames moved into records of their own"
             );
         }
-        let mut frames: BTreeMap<JobId, Vec<crate::task::FrameOutput>> = BTreeMap::new();
+        let mut frames: BTreeMap<JobId, Vec<crate::model::task::FrameOutput>> = BTreeMap::new();
         for item in s.stitched.iter() {
             let (k, v) = item?;
             let id =
@@ -709,9 +709,9 @@ struct Tables {
     users: BTreeMap<String, UserRecord>,
     grants: BTreeSet<(String, Digest)>,
     archived: BTreeMap<JobId, ArchivedJob>,
-    outputs: BTreeMap<JobId, Vec<crate::task::FrameOutput>>,
+    outputs: BTreeMap<JobId, Vec<crate::model::task::FrameOutput>>,
     next_job: u64,
-    stitched: BTreeMap<(JobId, u32), crate::task::FrameOutput>,
+    stitched: BTreeMap<(JobId, u32), crate::model::task::FrameOutput>,
 }
 
 /// Metadata in memory, for unit tests.
@@ -758,7 +758,7 @@ impl MetaStore for MemoryStore {
         Ok(self.inner.lock().unwrap().archived.get(&id).cloned())
     }
 
-    fn archived_outputs(&self, id: JobId) -> Result<Vec<crate::task::FrameOutput>, Error> {
+    fn archived_outputs(&self, id: JobId) -> Result<Vec<crate::model::task::FrameOutput>, Error> {
         let inner = self.inner.lock().unwrap();
         Ok(inner.outputs.get(&id).cloned().unwrap_or_default())
     }
@@ -838,7 +838,7 @@ mod tests {
     #[test]
     fn stitched_frames_are_records_of_their_own_and_old_jobs_are_moved() {
         let dir = tempfile::tempdir().unwrap();
-        let frame = |f: u32| crate::task::FrameOutput {
+        let frame = |f: u32| crate::model::task::FrameOutput {
             frame: f,
             digest: Digest::of(format!("frame {f}").as_bytes()),
             ext: "png".into(),

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use prost::Message;
-use tessera_coordinator::blob_store::{BlobStore, BlobWriter};
+use tessera_coordinator::blobs::{BlobStore, BlobWriter};
 use tessera_coordinator::clock::ManualClock;
 use tessera_coordinator::digest::Digest;
 use tessera_coordinator::farm::{Config, Farm, Submission};

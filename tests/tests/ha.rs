@@ -804,7 +804,7 @@ fn s3_killed_mid_job_and_started_again_loses_no_frame_and_says_it_is_down() {
     assert!(downloads > 0, "no download was retried:\n{}", logs[2]);
     assert!(uploads > 0, "no upload was retried:\n{}", logs.join("\n"));
     // Every acknowledged frame's blob is in the bucket.
-    let bucket = tessera_coordinator::s3_blobs::S3BlobStore::open_with(
+    let bucket = tessera_coordinator::blobs::s3::S3BlobStore::open_with(
         &blobs,
         1 << 30,
         &s3.env()

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use tessera_coordinator::blob_store::{contract, BlobStore};
-use tessera_coordinator::s3_blobs::S3BlobStore;
+use tessera_coordinator::blobs::s3::S3BlobStore;
+use tessera_coordinator::blobs::{contract, BlobStore};
 use tessera_tests::s3::{s3_or_skip, S3Server};
 use tessera_tests::*;
 

@@ -164,7 +164,7 @@ impl Farm {
             return Ok(());
         };
         // The set is the caller's own: its contents may be read and checked.
-        let (files, info) = crate::fileset::check(&self.blobs.read(&set)?, &sub.scene)?;
+        let (files, info) = crate::model::fileset::check(&self.blobs.read(&set)?, &sub.scene)?;
         // Possession under the lock, then the blob store without it: a HEAD
         // on S3 must not hold up every other call.
         let own: Vec<(&str, &Digest, bool)> = {

@@ -1,9 +1,9 @@
 //! Accounting: every attempt that ends is recorded on its task with its
-//! slot-time and cost (see [`crate::usage`]), in the same unit of work as
+//! slot-time and cost (see [`crate::model::usage`]), in the same unit of work as
 //! the change that ends it.
 
 use super::*;
-use crate::usage::{Attempt, AttemptEnd};
+use crate::model::usage::{Attempt, AttemptEnd};
 
 /// At most this many attempts are kept per task (a task retried without
 /// end keeps its newest); the job's totals then leave out the oldest.

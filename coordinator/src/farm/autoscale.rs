@@ -95,7 +95,7 @@ impl Farm {
                 let slots = (by_time + c.unknown).max(c.running).min(left);
                 DesiredSlots {
                     device,
-                    min_vram_gb: vram as f64 / crate::hardware::GIB,
+                    min_vram_gb: vram as f64 / crate::model::hardware::GIB,
                     tags,
                     queued: c.queued,
                     running: c.running,

@@ -1,5 +1,5 @@
 //! Blob collection: a blob no record references is deleted once nobody has
-//! touched it for a grace period (see [`crate::refs`]).
+//! touched it for a grace period (see [`crate::farm::refs`]).
 
 use std::collections::VecDeque;
 

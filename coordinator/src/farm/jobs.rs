@@ -468,7 +468,7 @@ impl Farm {
                     } else {
                         format!("{what} and a")
                     },
-                    crate::runtime::versions(runtimes)
+                    crate::model::runtime::versions(runtimes)
                 );
             }
         }

@@ -338,7 +338,7 @@ impl Farm {
                     &mut st,
                     lease.job,
                     lease.task,
-                    crate::usage::AttemptEnd::Preempted,
+                    crate::model::usage::AttemptEnd::Preempted,
                 );
             }
             self.apply(&mut st, vec![task], job, None)
@@ -382,7 +382,12 @@ impl Farm {
                 let mut t = task.clone();
                 let holder = task.holder().cloned();
                 if t.expire(now) {
-                    Self::ending(&mut st, job, index, crate::usage::AttemptEnd::Expired);
+                    Self::ending(
+                        &mut st,
+                        job,
+                        index,
+                        crate::model::usage::AttemptEnd::Expired,
+                    );
                     tracing::warn!(job = %t.job, task = t.index, holder = ?holder, "lease expired; task back in the queue");
                     by_job.entry(job).or_default().push(t);
                 }

@@ -9,7 +9,7 @@
 //! made by [`Farm::react`], each one a durable change of its own.
 
 use super::*;
-use crate::usage::Usage;
+use crate::model::usage::Usage;
 
 /// A change the farm owes a job.
 #[derive(Debug, Clone, PartialEq)]

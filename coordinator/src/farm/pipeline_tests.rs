@@ -3,7 +3,7 @@
 
 use super::tests::{fixture, output, sub, worker, Fixture};
 use super::*;
-use crate::usage::{AttemptEnd, Capacity, CapacityPref};
+use crate::model::usage::{AttemptEnd, Capacity, CapacityPref};
 
 fn priced(farm: &Farm, name: &str, price: f64, capacity: Capacity) -> WorkerId {
     farm.register(Registration {
@@ -192,7 +192,7 @@ fn every_attempt_is_priced_by_its_worker_and_failed_ones_are_marked() {
     render_all(&f, &w, 700);
     let snap = f.farm.job(job).unwrap();
     assert_eq!(snap.job.state, JobState::Done);
-    let attempts: Vec<&crate::usage::Attempt> =
+    let attempts: Vec<&crate::model::usage::Attempt> =
         snap.tasks.iter().flat_map(|t| &t.attempts).collect();
     let ends: Vec<AttemptEnd> = attempts.iter().map(|a| a.end).collect();
     assert_eq!(ends.iter().filter(|e| **e == AttemptEnd::Failed).count(), 1);

@@ -2,10 +2,10 @@
 //! queue, [`State::to_preview`], derived from the job records like the
 //! stitch queue, so a crash loses nothing), what making one needs, and
 //! recording how it ended. The video itself is made by
-//! [`crate::preview::runner`], outside the farm's lock.
+//! [`crate::farm::preview_runner`], outside the farm's lock.
 
 use super::*;
-use crate::preview::Outcome;
+use crate::model::preview::Outcome;
 
 /// What making a job's preview needs, copied out of the farm.
 #[derive(Debug, Clone)]
@@ -31,7 +31,7 @@ impl Farm {
         let Some(job) = st.jobs.get(&id) else {
             return Ok(None);
         };
-        if !job.preview.is_due(job.state) {
+        if !job.preview.is_due(job.state == JobState::Done) {
             return Ok(None);
         }
         let page = Page {
@@ -48,7 +48,7 @@ impl Farm {
         frames.sort_by_key(|o| o.frame);
         frames.dedup_by_key(|o| o.frame);
         let (fps, note) = self.lock().jobs.get(&id).map_or_else(
-            || crate::preview::Preview::default().fps_or_fallback(),
+            || crate::model::preview::Preview::default().fps_or_fallback(),
             |j| j.preview.fps_or_fallback(),
         );
         Ok(Some(PreviewWork { frames, fps, note }))
@@ -62,7 +62,7 @@ impl Farm {
         let job = st
             .jobs
             .get(&id)
-            .filter(|j| j.preview.is_due(j.state))
+            .filter(|j| j.preview.is_due(j.state == JobState::Done))
             .cloned();
         let Some(mut job) = job else {
             if let Outcome::Ready(v) = &outcome {
@@ -111,7 +111,7 @@ impl Farm {
 mod tests {
     use super::super::tests::*;
     use super::*;
-    use crate::preview::Video;
+    use crate::model::preview::Video;
 
     /// Renders every task of job `id` with one worker.
     fn render_all(f: &Fixture, id: JobId) {

@@ -26,7 +26,7 @@ impl Farm {
         &self,
         lease: LeaseId,
         outputs: Vec<FrameOutput>,
-        stats: Vec<crate::verify::FrameStats>,
+        stats: Vec<crate::model::verify::FrameStats>,
         warnings: Vec<String>,
     ) -> Result<Completion, Error> {
         let pending = self.complete_begin_with_stats(lease, outputs, stats, warnings)?;
@@ -60,12 +60,12 @@ impl Farm {
     /// [`Farm::complete_begin`] with the frames' render statistics and the
     /// worker's warnings (kept with the job, see [`Job::add_warnings`]). A
     /// result of a task sampled for verification is held until a second
-    /// worker agrees ([`crate::verify`]).
+    /// worker agrees ([`crate::model::verify`]).
     pub fn complete_begin_with_stats(
         &self,
         lease: LeaseId,
         outputs: Vec<FrameOutput>,
-        stats: Vec<crate::verify::FrameStats>,
+        stats: Vec<crate::model::verify::FrameStats>,
         warnings: Vec<String>,
     ) -> Result<PendingResult, Error> {
         for o in &outputs {
@@ -129,7 +129,7 @@ impl Farm {
                     &mut st,
                     lease.job,
                     lease.task,
-                    crate::usage::AttemptEnd::Canceled,
+                    crate::model::usage::AttemptEnd::Canceled,
                 );
             }
             if let (Completion::Recorded, Some(since)) = (completion, since) {

@@ -4,7 +4,7 @@
 
 use super::tests::{fixture, sub, Fixture};
 use super::*;
-use crate::runtime::{Runtime, Version};
+use crate::model::runtime::{Runtime, Version};
 
 /// A scene blob saved by the Blender whose header starts `header`.
 fn scene(f: &Fixture, header: &[u8]) -> Digest {
@@ -57,7 +57,7 @@ fn a_scene_goes_to_a_runtime_that_reads_it_and_the_lease_names_it() {
     let job = f.farm.submit(sub(s45, "1", 1)).unwrap();
     assert_eq!(
         f.farm.job(job).unwrap().job.requirements.blender,
-        Some(crate::runtime::VersionReq::SameMajor(4, 5))
+        Some(crate::model::runtime::VersionReq::SameMajor(4, 5))
     );
     assert!(f.farm.try_lease(&old, &HashSet::new()).unwrap().is_none());
     let a = f.farm.try_lease(&new, &HashSet::new()).unwrap().unwrap();

@@ -36,7 +36,7 @@ fn a_failed_write_fails_its_change_and_memory_again_matches_the_store() {
 fn concurrent_completions_share_flushes_and_all_are_stored() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(crate::store::SledStore::open(&dir.path().join("db")).unwrap());
-    let blobs = Arc::new(crate::blob_store::MemoryBlobStore::default());
+    let blobs = Arc::new(crate::blobs::MemoryBlobStore::default());
     let bytes = b"BLENDER-v304 scene ... ENDB\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0";
     let scene = Digest::of(bytes);
     blobs.put(scene, bytes).unwrap();

@@ -15,9 +15,9 @@ pub(super) struct Asker<'a> {
     /// Whether a worker takes work now (online, not drained).
     pub(super) available: &'a dyn Fn(&WorkerRecord) -> bool,
     /// The Blenders the worker offers.
-    pub(super) runtimes: &'a [crate::runtime::Runtime],
+    pub(super) runtimes: &'a [crate::model::runtime::Runtime],
     /// How the worker's capacity is bought.
-    pub(super) capacity: crate::usage::Capacity,
+    pub(super) capacity: crate::model::usage::Capacity,
 }
 
 /// Whether any slot of `w` can render `job`.

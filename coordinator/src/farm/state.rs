@@ -28,7 +28,7 @@ pub(super) struct JobIndex {
     /// Tasks by state.
     pub(super) counts: TaskCounts,
     /// Slot-time and cost of every ended attempt of its tasks.
-    pub(super) usage: crate::usage::Usage,
+    pub(super) usage: crate::model::usage::Usage,
 }
 
 #[derive(Default)]
@@ -87,7 +87,7 @@ pub(super) struct State {
     pub(super) reactions: BTreeMap<JobId, pipeline::Reaction>,
     /// How attempts that are ending now ended, when their new state alone
     /// does not say (an expired lease, a preemption); read by `save`.
-    pub(super) ending: HashMap<(JobId, u32), crate::usage::AttemptEnd>,
+    pub(super) ending: HashMap<(JobId, u32), crate::model::usage::AttemptEnd>,
 }
 
 impl State {
@@ -133,7 +133,7 @@ impl State {
                 if let std::collections::hash_map::Entry::Vacant(e) = st.file_sets.entry(d) {
                     match blobs
                         .read(&d)
-                        .and_then(|b| crate::fileset::check(&b, &job.scene))
+                        .and_then(|b| crate::model::fileset::check(&b, &job.scene))
                     {
                         Ok((_, info)) => {
                             e.insert(info.blobs.into());
@@ -317,7 +317,7 @@ impl State {
             newly_ready = index.ready.len();
         }
         self.note_pipeline(&job, old_job.as_ref());
-        if job.preview.is_due(job.state) {
+        if job.preview.is_due(job.state == JobState::Done) {
             self.to_preview.insert(id);
         } else {
             self.to_preview.remove(&id);

@@ -81,19 +81,19 @@ impl Farm {
             Ok(images) => images,
             Err((task, e)) => return self.stitch_read_failed(id, frame, task, e),
         };
-        let pieces: Vec<crate::stitch::TilePiece<'_>> = parts
+        let pieces: Vec<crate::imaging::stitch::TilePiece<'_>> = parts
             .tiles
             .iter()
             .zip(&images)
             .map(
-                |((inner, rendered, _, _), bytes)| crate::stitch::TilePiece {
+                |((inner, rendered, _, _), bytes)| crate::imaging::stitch::TilePiece {
                     inner: *inner,
                     rendered: *rendered,
                     bytes,
                 },
             )
             .collect();
-        let (bytes, ext) = match crate::stitch::stitch_within(
+        let (bytes, ext) = match crate::imaging::stitch::stitch_within(
             self.config.max_pixels,
             parts.width,
             parts.height,
@@ -206,7 +206,7 @@ impl Farm {
         id: JobId,
         frame: u32,
         parts: &Parts,
-        e: crate::stitch::StitchError,
+        e: crate::imaging::stitch::StitchError,
     ) -> Result<(), Error> {
         tracing::error!(job = %id, frame, "cannot stitch: {e}");
         let bad = e

@@ -94,9 +94,9 @@ impl Farm {
         let mut requirements = Requirements::parse(&sub.device, sub.min_vram_gb, &sub.tags)?
             .with_features(&sub.features)?;
         if !sub.blender.trim().is_empty() {
-            requirements.blender = Some(crate::runtime::VersionReq::parse(&sub.blender)?);
+            requirements.blender = Some(crate::model::runtime::VersionReq::parse(&sub.blender)?);
         }
-        crate::preview::scene_fps(sub.scene_info.as_ref().map(|i| i.fps))?;
+        crate::model::preview::scene_fps(sub.scene_info.as_ref().map(|i| i.fps))?;
         Ok(Plan {
             frames,
             chunk,
@@ -154,7 +154,7 @@ impl Farm {
         if let Some(m) = sub.max_cost {
             pipeline::check_budget(m)?;
         }
-        let preview = crate::preview::Preview::at_submit(
+        let preview = crate::model::preview::Preview::at_submit(
             sub.preview,
             sub.scene_info.as_ref().map(|i| i.fps),
         )?;
@@ -257,14 +257,14 @@ impl Farm {
         &self,
         d: &Digest,
         scene: &Digest,
-    ) -> Result<crate::fileset::FileSetInfo, Error> {
+    ) -> Result<crate::model::fileset::FileSetInfo, Error> {
         let bytes = self.blobs.read(d).map_err(|e| match e {
             Error::NotFound(_) => Error::invalid(format!(
                 "file set {d} has not been uploaded; upload it before submitting (tessera submit does this)"
             )),
             other => other,
         })?;
-        let (set, info) = crate::fileset::check(&bytes, scene)?;
+        let (set, info) = crate::model::fileset::check(&bytes, scene)?;
         let absent: Vec<&str> = set
             .files
             .iter()
@@ -330,10 +330,10 @@ impl Farm {
             return Ok(());
         };
         if req.blender.is_none() {
-            req.blender = Some(crate::runtime::VersionReq::saved_by(major, minor));
+            req.blender = Some(crate::model::runtime::VersionReq::saved_by(major, minor));
         }
         let st = self.lock();
-        let runtimes: Vec<&crate::runtime::Runtime> =
+        let runtimes: Vec<&crate::model::runtime::Runtime> =
             st.workers.values().flat_map(|w| &w.runtimes).collect();
         let newest = runtimes
             .iter()
@@ -342,7 +342,7 @@ impl Farm {
         if newest.is_some_and(|n| n < (major, minor)) {
             return Err(Error::invalid(format!(
                 "{scene_name} was saved by Blender {major}.{minor}, newer than every Blender on the farm ({}); add a worker with `tessera worker --blender {major}.{minor}`, or save the scene with one of those",
-                crate::runtime::versions(runtimes)
+                crate::model::runtime::versions(runtimes)
             )));
         }
         Ok(())

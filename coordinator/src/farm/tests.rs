@@ -1,7 +1,7 @@
 //! Unit tests of the farm: splitting, leasing, retries, priorities, restarts.
 
 use super::*;
-use crate::blob_store::MemoryBlobStore;
+use crate::blobs::MemoryBlobStore;
 use crate::clock::ManualClock;
 use crate::store::MemoryStore;
 
@@ -56,7 +56,7 @@ pub(super) fn config() -> Config {
         auth: true,
         max_message: 4 << 20,
         blob_grace_ms: 60_000,
-        max_pixels: crate::limits::PixelLimit::default(),
+        max_pixels: crate::imaging::limits::PixelLimit::default(),
         max_workers_per_token: 1024,
         max_slots: 256,
         keep_ms: None,
@@ -424,7 +424,7 @@ fn a_hot_gpu_drains_the_worker_and_requirements_pick_slots() {
         index: 0,
         name: "RTX 4090".into(),
         memory_bytes: 24 << 30,
-        telemetry: Some(crate::hardware::Telemetry {
+        telemetry: Some(crate::model::hardware::Telemetry {
             temperature_c: temp,
             ..Default::default()
         }),

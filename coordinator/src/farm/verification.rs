@@ -1,13 +1,13 @@
-//! Verification in the farm (see [`crate::verify`] for the rules): a result
+//! Verification in the farm (see [`crate::model::verify`] for the rules): a result
 //! of a sampled task is held and the task queued again for a different
 //! worker of the same Blender build; it is delivered once two results agree.
 //! A worker whose result differs from two agreeing ones is marked suspect
 //! and takes no more tasks of that job, nor of any job of the same
 //! requirement class (device, GPU memory and tags, as in
-//! [`crate::hardware::Requirements::describe`]).
+//! [`crate::model::hardware::Requirements::describe`]).
 
 use super::*;
-use crate::verify::{self, Candidate, FrameStats, Resolution, Suspicion, Verification};
+use crate::model::verify::{self, Candidate, FrameStats, Resolution, Suspicion, Verification};
 
 /// What verification makes of a result.
 enum Verdict {
@@ -62,7 +62,12 @@ impl Farm {
             Verdict::Held => {
                 // The render is done work even while its result waits for a
                 // second worker: its slot-time is charged as such.
-                Self::ending(st, lease.job, lease.task, crate::usage::AttemptEnd::Done);
+                Self::ending(
+                    st,
+                    lease.job,
+                    lease.task,
+                    crate::model::usage::AttemptEnd::Done,
+                );
                 let h = holder.as_ref().map(|h| (h, true));
                 let ticket = self.apply(st, vec![task.clone()], job.clone(), h);
                 Step::Answer(PendingResult {

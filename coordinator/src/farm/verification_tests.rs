@@ -29,7 +29,7 @@ fn lease(f: &Fixture, w: &WorkerId) -> Option<Assignment> {
     f.farm.try_lease(w, &HashSet::new()).unwrap()
 }
 
-fn suspect(f: &Fixture, w: &WorkerId) -> Vec<crate::verify::Suspicion> {
+fn suspect(f: &Fixture, w: &WorkerId) -> Vec<crate::model::verify::Suspicion> {
     let all = f.farm.workers();
     let rec = all.iter().find(|s| &s.record.id == w).unwrap();
     rec.record.suspect.clone()
@@ -41,7 +41,7 @@ fn a_sampled_result_waits_for_a_different_worker_to_agree() {
     let job = verified(&f, "1", 1.0);
     let (a, b) = (worker(&f.farm, "a"), worker(&f.farm, "b"));
     let first = lease(&f, &a).unwrap();
-    let stats = vec![crate::verify::FrameStats {
+    let stats = vec![crate::model::verify::FrameStats {
         frame: 1,
         render_ms: 1500,
         samples: 8,

@@ -47,31 +47,6 @@ impl Page {
     }
 }
 
-/// A job's tasks counted by state, and its progress.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct TaskCounts {
-    /// Tasks waiting for a slot.
-    pub queued: u32,
-    /// Tasks held by workers.
-    pub leased: u32,
-    /// Tasks done.
-    pub done: u32,
-    /// Tasks out of attempts.
-    pub failed: u32,
-    /// Tasks canceled.
-    pub canceled: u32,
-    /// Frames rendered (stitched frames for a tiled job).
-    pub frames_done: u32,
-    /// Outputs, passes included.
-    pub outputs: u32,
-    /// Frames finished by running tasks.
-    pub running_frames_done: u32,
-    /// Cycles samples done and to do by running tasks.
-    pub samples_done: u64,
-    /// Cycles samples to do by running tasks.
-    pub samples_total: u64,
-}
-
 /// Tile completion of one frame of a tiled job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameTiles {
@@ -103,7 +78,7 @@ pub struct JobSnapshot {
     /// Whether only its summary is kept.
     pub archived: bool,
     /// Slot-time and cost of its tasks' attempts.
-    pub usage: crate::usage::Usage,
+    pub usage: crate::model::usage::Usage,
     /// The job it waits for (`--after`), while it does.
     pub waiting_for: Option<JobId>,
 }

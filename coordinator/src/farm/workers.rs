@@ -52,7 +52,7 @@ impl Farm {
             runtimes,
             features: reg.features,
             owner: reg.owner,
-            price_per_hour: crate::usage::check_price(reg.price_per_hour)?,
+            price_per_hour: crate::model::usage::check_price(reg.price_per_hour)?,
             capacity: reg.capacity,
             untrusted: reg.untrusted,
             suspect,
@@ -196,17 +196,17 @@ impl Farm {
 /// its version line and features describe (a worker that lists none). A
 /// worker whose Blender version is unknown offers none that a version
 /// requirement accepts.
-fn runtimes(reg: &Registration) -> Vec<crate::runtime::Runtime> {
+fn runtimes(reg: &Registration) -> Vec<crate::model::runtime::Runtime> {
     let mut list = reg.runtimes.clone();
     if list.is_empty() {
-        let version = crate::runtime::Version::parse(&reg.blender_version).unwrap_or(
-            crate::runtime::Version {
+        let version = crate::model::runtime::Version::parse(&reg.blender_version).unwrap_or(
+            crate::model::runtime::Version {
                 major: 0,
                 minor: 0,
                 patch: 0,
             },
         );
-        list.push(crate::runtime::Runtime {
+        list.push(crate::model::runtime::Runtime {
             version,
             kind: "blender".into(),
             path: String::new(),

@@ -23,48 +23,17 @@ use tonic::body::Body;
 use tonic::codegen::http;
 
 use super::{Attempt, Election, Term};
+pub use crate::adapters::refusal::ROLE_HEADER;
+use crate::adapters::refusal::{http_refusal, refusal_status};
 use crate::error::Error;
-use crate::store::StoreHealth;
-
-/// The response metadata that marks a standby's refusal.
-pub const ROLE_HEADER: &str = "tessera-role";
+use crate::health::StoreHealth;
 
 /// What a standby tells callers now (refreshed from the leader row).
 type Message = Arc<RwLock<String>>;
 
-/// A standby's refusal of a gRPC call: `Unavailable`, marked
-/// `tessera-role: standby` so that clients move on to the next address.
-pub fn refusal_status(text: impl Into<String>) -> tonic::Status {
-    let mut status = tonic::Status::unavailable(text);
-    status.metadata_mut().insert(
-        ROLE_HEADER,
-        tonic::metadata::MetadataValue::from_static("standby"),
-    );
-    status
-}
-
 fn refusal(msg: &Message) -> http::Response<Body> {
     let text = msg.read().unwrap_or_else(|e| e.into_inner()).clone();
     refusal_status(text).into_http()
-}
-
-/// A standby's answer on the HTTP port: 503 with the words and the role.
-pub fn http_refusal(text: String) -> axum::response::Response {
-    use axum::http::{header, StatusCode};
-    use axum::response::IntoResponse;
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        [
-            (ROLE_HEADER, "standby"),
-            (header::CONTENT_TYPE.as_str(), "application/json"),
-        ],
-        serde_json::json!({
-            "error": text,
-            "hint": "use the active coordinator",
-        })
-        .to_string(),
-    )
-        .into_response()
 }
 
 macro_rules! refusing_service {
@@ -112,7 +81,7 @@ fn http_app(msg: Message, health: StoreHealth) -> axum::Router {
         .route(
             "/metrics",
             axum::routing::get(move || {
-                let body = crate::metrics::role(false) + &health.metrics();
+                let body = crate::adapters::metrics::role(false) + &health.metrics();
                 async move {
                     (
                         [(
@@ -147,7 +116,7 @@ pub async fn serve_until_active(
     grpc: &std::net::TcpListener,
     http: Option<&std::net::TcpListener>,
     tls: Option<&(Vec<u8>, Vec<u8>)>,
-    limits: crate::connections::ConnectionLimits,
+    limits: crate::adapters::connections::ConnectionLimits,
     shutdown: impl Future<Output = ()>,
     first: String,
 ) -> Result<Option<Term>, Error> {
@@ -167,8 +136,8 @@ pub async fn serve_until_active(
     }
     // The standby's ports are bounded like the active's: a flood must not
     // use up the files the coordinator needs when it takes over.
-    let gate = crate::connections::Gate::new(limits);
-    let incoming = crate::server::gated(duplicate(grpc)?, gate.clone());
+    let gate = crate::adapters::connections::Gate::new(limits);
+    let incoming = crate::adapters::connections::gated(duplicate(grpc)?, gate.clone());
     let server = builder
         .add_service(FarmRefusal(msg.clone()))
         .add_service(WorkRefusal(msg.clone()))
@@ -185,11 +154,11 @@ pub async fn serve_until_active(
             let app = http_app(msg.clone(), election.health().clone());
             let done = wait_stop(stopped.clone());
             let tls = tls
-                .map(|(cert, key)| crate::api::tls::acceptor(cert, key))
+                .map(|(cert, key)| crate::adapters::http::tls::acceptor(cert, key))
                 .transpose()?;
             let gate = gate.clone();
             Some(tokio::spawn(async move {
-                let _ = crate::http::serve_app(listener, tls, gate, done, |_| app).await;
+                let _ = crate::adapters::http::serve_app(listener, tls, gate, done, |_| app).await;
             }))
         }
         None => None,

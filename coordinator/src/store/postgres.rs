@@ -51,10 +51,10 @@ use super::{ArchivedJob, MetaStore, Record, Snapshot, StoreHealth};
 use crate::auth::UserRecord;
 use crate::digest::Digest;
 use crate::error::Error;
-use crate::ha::lease::Lease;
-use crate::job::{Job, JobId};
-use crate::task::{FrameOutput, Task};
-use crate::worker::WorkerRecord;
+use crate::model::job::{Job, JobId};
+use crate::model::task::{FrameOutput, Task};
+use crate::model::worker::WorkerRecord;
+use crate::store::leadership::Lease;
 
 mod migrate;
 mod tls;

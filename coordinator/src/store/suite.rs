@@ -12,9 +12,9 @@ use super::{ArchivedJob, ArchivedSummary, MetaStore, Record};
 use crate::auth::{Role, UserRecord};
 use crate::digest::Digest;
 use crate::error::Error;
-use crate::job::{Job, JobId, JobState};
-use crate::task::{FrameOutput, Task, TaskState};
-use crate::worker::{WorkerId, WorkerRecord};
+use crate::model::job::{Job, JobId, JobState};
+use crate::model::task::{FrameOutput, Task, TaskState};
+use crate::model::worker::{WorkerId, WorkerRecord};
 
 /// Opens the stores the cases run against.
 pub trait Opener {
@@ -82,7 +82,7 @@ pub fn job(id: u64) -> Job {
         message: String::new(),
         created_ms: 1,
         finished_ms: None,
-        grid: crate::tiles::Grid::WHOLE,
+        grid: crate::model::tiles::Grid::WHOLE,
         overscan: 0,
         width: 0,
         height: 0,
@@ -95,7 +95,7 @@ pub fn job(id: u64) -> Job {
         // Pipeline fields round-trip like the rest.
         after: Vec::new(),
         max_cost: Some(12.5),
-        capacity: crate::usage::CapacityPref::OnDemandOnly,
+        capacity: crate::model::usage::CapacityPref::OnDemandOnly,
         started: true,
         preview: Default::default(),
         verify: 0.25,
@@ -124,7 +124,7 @@ fn worker(id: &str) -> WorkerRecord {
         runtimes: Vec::new(),
         owner: "render".into(),
         price_per_hour: 2.1,
-        capacity: crate::usage::Capacity::Spot,
+        capacity: crate::model::usage::Capacity::Spot,
         untrusted: true,
         suspect: Vec::new(),
     }

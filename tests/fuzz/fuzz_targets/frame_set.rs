@@ -7,7 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tessera_coordinator::frames::{FrameSet, FrameSetError};
+use tessera_coordinator::model::frames::{FrameSet, FrameSetError};
 
 /// The coordinator's default `max_frames`; the limit is drawn from 0..=this.
 const MAX_FRAMES: u64 = 100_000;

@@ -8,14 +8,14 @@
 
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
-use tessera_coordinator::convert::{digest, job_id, slot_cap};
+use tessera_coordinator::adapters::convert::{digest, job_id, slot_cap};
 use tessera_coordinator::digest::Digest;
 use tessera_coordinator::farm::{Registration, Submission};
-use tessera_coordinator::frames::FrameSet;
-use tessera_coordinator::hardware::{Gpu, Requirements};
-use tessera_coordinator::limits::PixelLimit;
-use tessera_coordinator::task::{FrameOutput, LeaseId};
-use tessera_coordinator::tiles::{self, Grid};
+use tessera_coordinator::model::frames::FrameSet;
+use tessera_coordinator::model::hardware::{Gpu, Requirements};
+use tessera_coordinator::imaging::limits::PixelLimit;
+use tessera_coordinator::model::task::{FrameOutput, LeaseId};
+use tessera_coordinator::model::tiles::{self, Grid};
 use tessera_proto as pb;
 
 /// The coordinator's default limits (`farm::Config`).

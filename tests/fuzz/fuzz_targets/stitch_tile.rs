@@ -10,9 +10,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tessera_coordinator::limits::PixelLimit;
-use tessera_coordinator::stitch::{stitch_within, StitchError, TilePiece};
-use tessera_coordinator::tiles::Rect;
+use tessera_coordinator::imaging::limits::PixelLimit;
+use tessera_coordinator::imaging::stitch::{stitch_within, StitchError, TilePiece};
+use tessera_coordinator::model::tiles::Rect;
 
 fuzz_target!(|data: &[u8]| {
     let Some((head, file)) = data.split_first_chunk::<3>() else {

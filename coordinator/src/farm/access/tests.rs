@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::*;
-use crate::blob_store::MemoryBlobStore;
+use crate::blobs::MemoryBlobStore;
 use crate::clock::ManualClock;
 use crate::store::MemoryStore;
 
