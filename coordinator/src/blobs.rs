@@ -33,6 +33,15 @@ pub trait BlobWriter: Send {
     fn commit(self: Box<Self>) -> Result<bool, Error>;
 }
 
+/// Blobs [`BlobStore::remove_many`] did not delete, and why.
+#[derive(Debug)]
+pub struct RemoveFailed {
+    /// The blobs still there (or not known to be gone).
+    pub left: Vec<Digest>,
+    /// The first failure.
+    pub error: Error,
+}
+
 /// Storage of immutable blobs addressed by their blake3 digest.
 pub trait BlobStore: Send + Sync + 'static {
     /// Whether the blob is present.
@@ -54,6 +63,22 @@ pub trait BlobStore: Send + Sync + 'static {
 
     /// Deletes a blob (a no-op when absent).
     fn remove(&self, digest: &Digest) -> Result<(), Error>;
+
+    /// Deletes blobs (absent ones are no error) in as few requests as the
+    /// store allows; on a failure, says which were not deleted.
+    fn remove_many(&self, digests: &[Digest]) -> Result<(), RemoveFailed> {
+        for (i, d) in digests.iter().enumerate() {
+            if let Err(error) = self.remove(d) {
+                // One failure ends the batch: a store that stopped
+                // answering costs one try, not one per blob.
+                return Err(RemoveFailed {
+                    left: digests[i..].to_vec(),
+                    error,
+                });
+            }
+        }
+        Ok(())
+    }
 
     /// Whether the store answers, for a store on another machine (none for
     /// a local one).

@@ -41,8 +41,9 @@ use crate::model::task::{
 use crate::model::tiles::{self, Grid, Rect};
 use crate::model::worker::{WorkerId, WorkerRecord};
 use crate::store::{ArchivedSummary, MetaStore};
-use refs::BlobRefs;
 
+pub use lock::lock_held;
+use lock::Locked;
 use scheduler::{capable, pick, Asker};
 use state::State;
 use txn::Owned;
@@ -54,6 +55,7 @@ pub mod dry_run;
 mod gc;
 mod jobs;
 mod leases;
+mod lock;
 mod pipeline;
 pub mod preview_runner;
 mod previews;
@@ -341,6 +343,8 @@ pub struct Farm {
     blobs: Arc<dyn BlobStore>,
     clock: Arc<dyn Clock>,
     config: Config,
+    /// Blob collection passes, seen from outside the lock (see `gc`).
+    passes: gc::Passes,
     /// Set when this farm stops serving (its coordinator stepped down):
     /// the words parked and later calls are refused with.
     stopped: std::sync::OnceLock<String>,
@@ -356,6 +360,8 @@ impl Farm {
     ) -> Result<Self, Error> {
         let now = clock.now_ms();
         let started = std::time::Instant::now();
+        let store = lock::checked_store(store);
+        let blobs = lock::checked_blobs(blobs);
         let mut state = State::recover(&*store, &*blobs, now, config.lease_ttl_ms)?;
         state.events = Some(tokio::sync::broadcast::channel(1024).0);
         let open = state.jobs.values().filter(|j| !j.state.is_final()).count();
@@ -398,6 +404,7 @@ impl Farm {
             tokens: RwLock::new(tokens),
             store,
             blobs,
+            passes: gc::Passes::default(),
             clock,
             config,
             stopped: std::sync::OnceLock::new(),
@@ -466,8 +473,11 @@ impl Farm {
         &self.blobs
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        match self.state.lock() {
+    /// The farm's lock: the only way into its state. Nothing does I/O while
+    /// holding it (see ARCHITECTURE.md); debug builds check every blob-store
+    /// call against [`lock_held`].
+    fn lock(&self) -> Locked<'_> {
+        Locked::new(match self.state.lock() {
             Ok(st) => st,
             Err(poisoned) => {
                 // A panic while holding the lock may have left a change half
@@ -479,7 +489,7 @@ impl Farm {
                 self.rebuild_after_panic(&mut st);
                 st
             }
-        }
+        })
     }
 
     fn count_stat(&self, f: impl FnOnce(&mut Stats)) {

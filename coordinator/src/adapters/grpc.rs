@@ -160,7 +160,7 @@ impl pb::blobs_server::Blobs for BlobsService {
             .map(|d| digest("digests", d))
             .collect::<Result<Vec<_>, _>>()?;
         // A result naming these may follow: keep them from the collector.
-        self.farm.touch_blobs(&asked);
+        self.farm.touch_blobs(&asked).await;
         let missing = self.farm.missing_for(&who, &asked);
         Ok(Response::new(pb::MissingBlobsResponse {
             missing: missing.iter().map(|d| d.to_hex()).collect(),
@@ -178,7 +178,7 @@ impl pb::blobs_server::Blobs for BlobsService {
         })?;
         let d = digest("digest", &first.digest)?;
         let size = first.size;
-        self.farm.touch_blobs(&[d]);
+        self.farm.touch_blobs(&[d]).await;
         let blobs = self.farm.blobs().clone();
         let mut writer = blobs.writer(d, size)?;
         writer.write(&first.data)?;

@@ -759,6 +759,57 @@ impl BlobStore for S3BlobStore {
             Some(Err(e)) => Err(inner.error(format!("remove blob {digest}"), e)),
         }
     }
+
+    /// One bulk `DeleteObjects` request per thousand blobs.
+    fn remove_many(&self, digests: &[Digest]) -> Result<(), crate::blobs::RemoveFailed> {
+        let inner = &self.inner;
+        let mut keys: HashMap<String, Digest> = digests
+            .iter()
+            .map(|d| {
+                inner.forget(d);
+                (inner.blob_key(d).to_string(), *d)
+            })
+            .collect();
+        let s3 = inner.s3.clone();
+        let locations: Vec<object_store::Result<Key>> =
+            keys.keys().map(|k| Ok(Key::from(k.as_str()))).collect();
+        let answer = inner.run(async move {
+            use tokio_stream::StreamExt;
+            let mut answers = s3.delete_stream(Box::pin(tokio_stream::iter(locations)));
+            let (mut gone, mut failure) = (Vec::new(), None);
+            while let Some(a) = answers.next().await {
+                match a {
+                    Ok(key) => gone.push(key.to_string()),
+                    Err(object_store::Error::NotFound { path, .. }) => gone.push(path),
+                    Err(e) => {
+                        failure.get_or_insert(e);
+                    }
+                }
+            }
+            Ok((gone, failure))
+        });
+        let error = match answer {
+            None => inner.stopped(),
+            Some(Err(e)) => inner.error(format!("remove {} blobs", digests.len()), e),
+            Some(Ok((gone, failure))) => {
+                for k in gone {
+                    keys.remove(&k);
+                }
+                match failure {
+                    None if keys.is_empty() => return Ok(()),
+                    None => Error::io(
+                        format!("remove {} blobs in {}", keys.len(), inner.location),
+                        std::io::Error::other("the store did not confirm their deletion"),
+                    ),
+                    Some(e) => inner.error(format!("remove {} blobs", keys.len()), e),
+                }
+            }
+        };
+        Err(crate::blobs::RemoveFailed {
+            left: keys.into_values().collect(),
+            error,
+        })
+    }
 }
 
 #[cfg(test)]

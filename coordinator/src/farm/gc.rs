@@ -1,17 +1,19 @@
 //! Blob collection: a blob no record references is deleted once nobody has
 //! touched it for a grace period (see [`crate::farm::refs`]).
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
+
+use super::refs::BlobRefs;
 
 use super::*;
 
-/// Most blobs deleted in one pass (the pass holds the state lock).
+/// Most blobs deleted in one pass.
 const MAX_DELETES_PER_PASS: usize = 2000;
 
 /// Blobs with the time each was last marked, in the order they were: the
 /// oldest are found without a scan, so a pass costs what it removes.
 #[derive(Debug, Default)]
-pub(super) struct Timed {
+struct Timed {
     at: HashMap<Digest, u64>,
     /// (time, blob) as marked; an entry whose time no longer matches `at`
     /// was marked again or removed, and is skipped.
@@ -20,25 +22,25 @@ pub(super) struct Timed {
 
 impl Timed {
     /// Marks `d` at `t` (again, if it was).
-    pub(super) fn insert(&mut self, d: Digest, t: u64) {
+    fn insert(&mut self, d: Digest, t: u64) {
         self.at.insert(d, t);
         self.order.push_back((t, d));
     }
 
     /// Marks `d` at `t` unless it is marked already.
-    pub(super) fn insert_new(&mut self, d: Digest, t: u64) {
+    fn insert_new(&mut self, d: Digest, t: u64) {
         if !self.at.contains_key(&d) {
             self.insert(d, t);
         }
     }
 
     /// Unmarks `d`.
-    pub(super) fn remove(&mut self, d: &Digest) {
+    fn remove(&mut self, d: &Digest) {
         self.at.remove(d);
     }
 
     /// Whether `d` is marked.
-    pub(super) fn contains(&self, d: &Digest) -> bool {
+    fn contains(&self, d: &Digest) -> bool {
         self.at.contains_key(d)
     }
 
@@ -76,16 +78,193 @@ impl Timed {
     }
 }
 
+/// The farm's account of its blobs: how many records reference each, which
+/// no record references any more (and since when), when a client or worker
+/// last touched one, and which a collection pass is deleting now. Changed
+/// only through these methods, under the farm's lock.
+#[derive(Debug, Default)]
+pub(super) struct BlobLedger {
+    /// How many records reference each blob (derived from the records).
+    refs: BlobRefs,
+    /// Blobs that no record references any more, and since when (ms).
+    garbage: Timed,
+    /// When a client or worker last uploaded or asked about a blob (ms).
+    touched: Timed,
+    /// Blobs a pass chose and is deleting, off the lock: nobody may upload,
+    /// find or reference them until the pass is over.
+    collecting: HashSet<Digest>,
+}
+
+impl BlobLedger {
+    /// A record now references `d`.
+    pub(super) fn add(&mut self, d: Digest) {
+        self.refs.add(d);
+        self.garbage.remove(&d);
+    }
+
+    /// A record no longer references `d`; unreferenced, it becomes garbage.
+    pub(super) fn release(&mut self, d: Digest, now: u64) {
+        if self.refs.release(&d) {
+            self.garbage.insert(d, now);
+        }
+    }
+
+    /// A blob was stored that no record references (a stitched frame or a
+    /// preview nobody wants any more): garbage unless a record names it.
+    pub(super) fn note_unreferenced(&mut self, d: Digest, now: u64) {
+        if self.refs.count(&d) == 0 {
+            self.garbage.insert_new(d, now);
+        }
+    }
+
+    /// How many records reference `d`.
+    #[cfg(test)]
+    pub(super) fn count(&self, d: &Digest) -> u32 {
+        self.refs.count(d)
+    }
+
+    /// Whether `d` waits to be collected.
+    #[cfg(test)]
+    pub(super) fn is_garbage(&self, d: &Digest) -> bool {
+        self.garbage.contains(d)
+    }
+
+    /// Whether a pass is deleting `d` now.
+    pub(super) fn is_collecting(&self, d: &Digest) -> bool {
+        self.collecting.contains(d)
+    }
+
+    /// Keeps the touches of `old` (memory rebuilt from the store does not
+    /// know them).
+    pub(super) fn keep_touched(&mut self, old: &mut BlobLedger) {
+        self.touched = std::mem::take(&mut old.touched);
+    }
+
+    /// Chooses up to `max` blobs to delete: unreferenced since `cutoff` and
+    /// untouched since then. They are marked as being collected until
+    /// [`BlobLedger::collected`].
+    fn choose(&mut self, cutoff: u64, now: u64, max: usize) -> Vec<Digest> {
+        self.touched.expire(cutoff);
+        let mut victims = Vec::new();
+        let mut later = Vec::new();
+        while victims.len() < max {
+            let Some(d) = self.garbage.pop_due(cutoff) else {
+                break;
+            };
+            if self.refs.count(&d) > 0 {
+                continue;
+            }
+            if self.touched.contains(&d) {
+                // Touched within the grace period: look again later.
+                later.push(d);
+                continue;
+            }
+            victims.push(d);
+        }
+        for d in later {
+            self.garbage.insert(d, now);
+        }
+        self.collecting.extend(victims.iter().copied());
+        victims
+    }
+
+    /// Ends a pass: `left` were not deleted and wait for the next one.
+    fn collected(&mut self, victims: &[Digest], left: &[Digest], now: u64) {
+        for d in victims {
+            self.collecting.remove(d);
+        }
+        for d in left {
+            self.garbage.insert(*d, now);
+        }
+    }
+}
+
+/// Collection passes, seen from outside the lock: a count that moves when a
+/// pass marks its victims and again when it ends, and a wake-up for those
+/// waiting on a blob a pass is deleting.
+#[derive(Debug, Default)]
+pub(super) struct Passes {
+    /// Moves (under the farm's lock) when a pass starts or ends.
+    epoch: std::sync::atomic::AtomicU64,
+    /// Async waiters (uploads, blob questions).
+    ended: Notify,
+    /// Blocking waiters (stitching, previews), with `ended_count`.
+    ended_sync: std::sync::Condvar,
+    ended_count: Mutex<u64>,
+}
+
+impl Passes {
+    /// The current epoch: unchanged between two reads means no pass
+    /// started or ended in between.
+    pub(super) fn epoch(&self) -> u64 {
+        self.epoch.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn bump(&self) {
+        self.epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn wake(&self) {
+        *self.ended_count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.ended_sync.notify_all();
+        self.ended.notify_waiters();
+    }
+}
+
 impl Farm {
     /// Notes that a client or worker uploaded or asked about these blobs: the
     /// collector leaves them alone for a grace period, since a result naming
-    /// them may be on its way.
-    pub fn touch_blobs(&self, digests: &[Digest]) {
+    /// them may be on its way. When a collection pass is deleting one of
+    /// them, waits for it to end first, so that the blob is asked about,
+    /// uploaded or named only once it is surely gone or surely kept.
+    pub async fn touch_blobs(&self, digests: &[Digest]) {
+        loop {
+            let ended = self.passes.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if self.try_touch(digests) {
+                return;
+            }
+            ended.await;
+        }
+    }
+
+    /// [`Farm::touch_blobs`] for a thread that may block.
+    pub fn touch_blobs_blocking(&self, digests: &[Digest]) {
+        loop {
+            let seen = *self
+                .passes
+                .ended_count
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if self.try_touch(digests) {
+                return;
+            }
+            let count = self
+                .passes
+                .ended_count
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            drop(
+                self.passes
+                    .ended_sync
+                    .wait_while(count, |c| *c == seen)
+                    .unwrap_or_else(|e| e.into_inner()),
+            );
+        }
+    }
+
+    /// Touches `digests` unless a pass is deleting one of them.
+    fn try_touch(&self, digests: &[Digest]) -> bool {
         let now = self.clock.now_ms();
         let mut st = self.lock();
-        for d in digests {
-            st.touched.insert(*d, now);
+        if digests.iter().any(|d| st.blobs.is_collecting(d)) {
+            return false;
         }
+        for d in digests {
+            st.blobs.touched.insert(*d, now);
+        }
+        true
     }
 
     /// How long an unreferenced, untouched blob is kept.
@@ -94,51 +273,51 @@ impl Farm {
     }
 
     /// Deletes blobs that no record references, once nobody has touched them
-    /// for the grace period; returns how many were deleted.
+    /// for the grace period; returns how many were deleted. The victims are
+    /// chosen and marked under the lock and deleted after it is released (in
+    /// batches, on S3); while marked, nobody may upload, find or reference
+    /// them ([`Farm::touch_blobs`] waits, a result naming one is refused).
     pub fn collect_garbage(&self) -> usize {
-        // Nothing is deleted while the blob store does not answer: each try
-        // would hold the lock for the store's retries, stalling the farm.
+        // Nothing is deleted while the blob store does not answer.
         if self.blobs_health().is_some_and(|h| !h.up()) {
             return 0;
         }
         let now = self.clock.now_ms();
-        let grace = self.grace_ms();
-        let mut st = self.lock();
-        let cutoff = now.saturating_sub(grace);
-        st.touched.expire(cutoff);
-        let mut deleted = 0;
-        let mut retry = Vec::new();
-        while deleted < MAX_DELETES_PER_PASS {
-            let Some(d) = st.garbage.pop_due(cutoff) else {
-                break;
-            };
-            if st.refs.count(&d) > 0 {
-                continue;
+        let cutoff = now.saturating_sub(self.grace_ms());
+        let victims = {
+            let mut st = self.lock();
+            let victims = st.blobs.choose(cutoff, now, MAX_DELETES_PER_PASS);
+            if !victims.is_empty() {
+                self.passes.bump();
             }
-            if st.touched.contains(&d) {
-                // Touched within the grace period: look again later.
-                retry.push(d);
-                continue;
-            }
-            // Under the lock: `complete` checks blobs under it too.
-            match self.blobs.remove(&d) {
-                Ok(()) => deleted += 1,
-                Err(e) => {
-                    // The next pass tries again; one failure ends this one,
-                    // so a store that stopped answering costs one try.
-                    tracing::warn!("cannot remove blob {d}: {e}");
-                    retry.push(d);
-                    break;
-                }
-            }
+            victims
+        };
+        if victims.is_empty() {
+            return 0;
         }
-        for d in retry {
-            st.garbage.insert(d, now);
+        let left = match self.blobs.remove_many(&victims) {
+            Ok(()) => Vec::new(),
+            Err(failed) => {
+                // The next pass tries again.
+                tracing::warn!(
+                    "cannot remove {} of {} unreferenced blobs: {}",
+                    failed.left.len(),
+                    victims.len(),
+                    failed.error
+                );
+                failed.left
+            }
+        };
+        {
+            let mut st = self.lock();
+            st.blobs.collected(&victims, &left, now);
+            self.passes.bump();
         }
+        self.passes.wake();
+        let deleted = victims.len() - left.len();
         if deleted > 0 {
             tracing::debug!(deleted, "unreferenced blobs collected");
         }
-        drop(st);
         if deleted >= MAX_DELETES_PER_PASS / 2 {
             // A large batch (a deleted job's file set) freed its marks.
             return_freed_memory();
@@ -162,6 +341,110 @@ pub(super) fn return_freed_memory() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::blobs::{BlobWriter, MemoryBlobStore, RemoveFailed};
+    use crate::clock::ManualClock;
+    use crate::store::MemoryStore;
+    use std::sync::mpsc;
+
+    /// Blobs in memory whose deletions wait until the test lets them go on.
+    struct HeldBlobs {
+        inner: MemoryBlobStore,
+        started: Mutex<mpsc::Sender<()>>,
+        go_on: Mutex<mpsc::Receiver<()>>,
+    }
+
+    impl BlobStore for HeldBlobs {
+        fn contains(&self, d: &Digest) -> bool {
+            self.inner.contains(d)
+        }
+        fn size(&self, d: &Digest) -> Option<u64> {
+            self.inner.size(d)
+        }
+        fn writer(&self, d: Digest, size: u64) -> Result<Box<dyn BlobWriter>, Error> {
+            self.inner.writer(d, size)
+        }
+        fn read(&self, d: &Digest) -> Result<Vec<u8>, Error> {
+            self.inner.read(d)
+        }
+        fn read_range(&self, d: &Digest, offset: u64, len: usize) -> Result<Vec<u8>, Error> {
+            self.inner.read_range(d, offset, len)
+        }
+        fn remove(&self, d: &Digest) -> Result<(), Error> {
+            self.inner.remove(d)
+        }
+        fn remove_many(&self, digests: &[Digest]) -> Result<(), RemoveFailed> {
+            self.started.lock().unwrap().send(()).unwrap();
+            self.go_on.lock().unwrap().recv().unwrap();
+            self.inner.remove_many(digests)
+        }
+    }
+
+    #[test]
+    fn blobs_are_deleted_off_the_lock_and_nobody_uses_one_while_it_goes() {
+        let (started_tx, started) = mpsc::channel();
+        let (go_on, go_on_rx) = mpsc::channel();
+        let blobs = Arc::new(HeldBlobs {
+            inner: MemoryBlobStore::default(),
+            started: Mutex::new(started_tx),
+            go_on: Mutex::new(go_on_rx),
+        });
+        let scene_bytes = b"BLENDER-v304 scene ... ENDB\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0";
+        let scene = Digest::of(scene_bytes);
+        blobs.put(scene, scene_bytes).unwrap();
+        let clock = Arc::new(ManualClock::at(1_000_000));
+        let farm = Farm::open(
+            Arc::new(MemoryStore::default()),
+            blobs.clone(),
+            clock.clone(),
+            super::super::tests::config(),
+        )
+        .unwrap();
+        farm.submit(super::super::tests::sub(scene, "1", 1))
+            .unwrap();
+        let w = super::super::tests::worker(&farm, "a");
+        let a = farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
+        // The frame's bytes are garbage of an earlier job, untouched for
+        // longer than the grace period.
+        let bytes = b"png 1";
+        let frame = Digest::of(bytes);
+        blobs.put(frame, bytes).unwrap();
+        let out = FrameOutput {
+            frame: 1,
+            digest: frame,
+            ext: "png".into(),
+            size: bytes.len() as u64,
+            pass: String::new(),
+        };
+        farm.lock().blobs.note_unreferenced(frame, clock.now_ms());
+        clock.advance(farm.config().blob_grace_ms + 1);
+        std::thread::scope(|s| {
+            let pass = s.spawn(|| farm.collect_garbage());
+            started.recv().unwrap();
+            // The pass is deleting: the lock is free, and the blob is out of use.
+            assert!(farm.lock().blobs.is_collecting(&frame));
+            let refused = farm.complete(a.lease, vec![out.clone()]).unwrap_err();
+            assert!(
+                matches!(&refused, Error::NotFound(m) if m.contains("upload it again")),
+                "a result naming a blob being collected is refused: {refused}"
+            );
+            // An upload of the same bytes waits for the pass to end.
+            let upload = s.spawn(|| {
+                farm.touch_blobs_blocking(&[frame]);
+                blobs.contains(&frame)
+            });
+            go_on.send(()).unwrap();
+            assert_eq!(pass.join().unwrap(), 1);
+            assert!(
+                !upload.join().unwrap(),
+                "the upload went on only once the old bytes were gone"
+            );
+        });
+        assert!(!farm.lock().blobs.is_collecting(&frame));
+        // Uploaded again, the result is taken.
+        blobs.put(frame, bytes).unwrap();
+        farm.complete(a.lease, vec![out]).unwrap();
+        assert!(blobs.contains(&frame));
+    }
 
     #[test]
     fn the_oldest_marks_come_out_first_and_a_new_mark_replaces_an_old_one() {

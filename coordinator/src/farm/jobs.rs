@@ -287,8 +287,7 @@ impl Farm {
             st.remove_job(id, now);
             // Its blobs stay referenced while it is archived.
             for d in blobs {
-                st.refs.add(d);
-                st.garbage.remove(&d);
+                st.blobs.add(d);
             }
             let summary = Arc::new(summary);
             st.archived.insert(id, summary.clone());
@@ -346,9 +345,7 @@ impl Farm {
             } else if archived && st.archived.remove(&id).is_some() {
                 let ticket = self.commit(&st, vec![Owned::Delete(id)]);
                 for d in blobs {
-                    if st.refs.release(&d) {
-                        st.garbage.insert(d, now);
-                    }
+                    st.blobs.release(d, now);
                 }
                 st.dependency_changed(id, None);
                 st.announce(FarmEvent::Job(id));

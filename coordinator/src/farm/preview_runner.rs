@@ -116,7 +116,7 @@ impl Runner {
                 let digest = Digest::of(&e.bytes);
                 // Until the job names it, the collector must leave it alone
                 // (the same bytes may be garbage of a deleted job).
-                self.farm.touch_blobs(&[digest]);
+                self.farm.touch_blobs_blocking(&[digest]);
                 match self.farm.blobs().put(digest, &e.bytes) {
                     Ok(_) => Outcome::Ready(Video {
                         digest,

@@ -66,9 +66,7 @@ impl Farm {
             .cloned();
         let Some(mut job) = job else {
             if let Outcome::Ready(v) = &outcome {
-                if st.refs.count(&v.digest) == 0 {
-                    st.garbage.insert_new(v.digest, now);
-                }
+                st.blobs.note_unreferenced(v.digest, now);
             }
             return Ok(());
         };
@@ -160,17 +158,17 @@ mod tests {
         assert!(f.farm.previews_due().is_empty());
         let job = f.farm.job(id).unwrap().job;
         assert_eq!(job.preview.digest(), Some(d));
-        assert_eq!(f.farm.lock().refs.count(&d), 1, "the job references it");
+        assert_eq!(f.farm.lock().blobs.count(&d), 1, "the job references it");
 
         // It survives a restart, and goes with the job.
         let farm = f.reopen();
         assert_eq!(farm.job(id).unwrap().job.preview.digest(), Some(d));
-        assert_eq!(farm.lock().refs.count(&d), 1);
+        assert_eq!(farm.lock().blobs.count(&d), 1);
         assert!(farm.previews_due().is_empty());
         farm.delete(id).unwrap();
-        assert_eq!(farm.lock().refs.count(&d), 0);
+        assert_eq!(farm.lock().blobs.count(&d), 0);
         assert!(
-            farm.lock().garbage.contains(&d),
+            farm.lock().blobs.is_garbage(&d),
             "collected after the grace"
         );
     }
@@ -203,7 +201,7 @@ mod tests {
         assert!(e.contains("canceled") && e.contains("tessera retry"), "{e}");
         let d = Digest::of(b"late");
         f.farm.record_preview(id, video(d)).unwrap();
-        assert!(f.farm.lock().garbage.contains(&d));
+        assert!(f.farm.lock().blobs.is_garbage(&d));
         assert_eq!(f.farm.job(id).unwrap().job.preview.outcome, None);
     }
 }

@@ -81,23 +81,28 @@ impl Farm {
                 h.line()
             )));
         }
-        for o in &outputs {
-            self.blobs.try_size(&o.digest)?;
-        }
-        let (ready, ticket) = {
-            let mut st = self.lock();
-            // Checked under the lock, so the collector cannot delete a blob
-            // between this check and the record that references it.
+        // Every blob is checked without the lock; under it, no collection
+        // pass may have started or ended since (else the check runs again),
+        // and none may be deleting one of them now: so none was deleted
+        // between the check and the record that references it.
+        let mut st = loop {
+            let epoch = self.passes.epoch();
             for o in &outputs {
                 // A blob store that does not answer is not a missing blob:
                 // the worker keeps the result and reports it again.
                 if self.blobs.try_size(&o.digest)?.is_none() {
-                    return Err(Error::NotFound(format!(
-                        "blob {} of frame {} (it was not uploaded, or was collected); upload it again, then report the result",
-                        o.digest, o.frame
-                    )));
+                    return Err(missing_output(o));
                 }
             }
+            let st = self.lock();
+            if let Some(o) = outputs.iter().find(|o| st.blobs.is_collecting(&o.digest)) {
+                return Err(missing_output(o));
+            }
+            if self.passes.epoch() == epoch {
+                break st;
+            }
+        };
+        let (ready, ticket) = {
             let (mut task, mut job) = Self::find(&st, lease)?;
             let holder = task.holder().cloned();
             let since = match task.state {
@@ -276,4 +281,13 @@ fn check_output(o: &FrameOutput) -> Result<(), Error> {
         )));
     }
     Ok(())
+}
+
+/// A result names a blob the store does not hold (never uploaded, or
+/// collected): the worker uploads it again, then reports the result.
+fn missing_output(o: &FrameOutput) -> Error {
+    Error::NotFound(format!(
+        "blob {} of frame {} (it was not uploaded, or was collected); upload it again, then report the result",
+        o.digest, o.frame
+    ))
 }

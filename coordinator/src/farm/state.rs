@@ -40,12 +40,9 @@ pub(super) struct State {
     pub(super) next_worker: u64,
     pub(super) health: HashMap<WorkerId, Health>,
     pub(super) users: BTreeMap<String, UserRecord>,
-    /// How many records reference each blob (derived from the records).
-    pub(super) refs: BlobRefs,
-    /// Blobs that no record references any more, and since when (ms).
-    pub(super) garbage: gc::Timed,
-    /// When a client or worker last uploaded or asked about a blob (ms).
-    pub(super) touched: gc::Timed,
+    /// Which blobs records reference, which none does, which were touched,
+    /// which are being collected (see `gc`).
+    pub(super) blobs: gc::BlobLedger,
     /// Frames of open tiled jobs whose tiles are all done but that are not
     /// stitched yet: the stitch queue (derived from the records, so a crash
     /// loses nothing).
@@ -116,7 +113,7 @@ impl State {
         };
         for (id, a) in snap.archived {
             for d in &a.blobs {
-                st.refs.add(*d);
+                st.blobs.add(*d);
             }
             st.archived.insert(id, Arc::new(a.summary));
         }
@@ -179,9 +176,7 @@ impl State {
             for t in st.tasks[&id].iter().filter(|t| t.tile.is_some()) {
                 if let TaskState::Done { outputs } = &t.state {
                     for o in outputs {
-                        if st.refs.count(&o.digest) == 0 {
-                            st.garbage.insert(o.digest, now);
-                        }
+                        st.blobs.note_unreferenced(o.digest, now);
                     }
                 }
             }
@@ -289,12 +284,10 @@ impl State {
             }
         }
         for d in added {
-            self.refs.add(d);
+            self.blobs.add(d);
         }
         for d in released {
-            if self.refs.release(&d) {
-                self.garbage.insert(d, now);
-            }
+            self.blobs.release(d, now);
         }
         let became_final =
             job.state.is_final() && !old_job.as_ref().is_some_and(|o| o.state.is_final());
@@ -372,9 +365,7 @@ impl State {
             }
         }
         for d in released {
-            if self.refs.release(&d) {
-                self.garbage.insert(d, now);
-            }
+            self.blobs.release(d, now);
         }
         // A file set can hold a million entries: its lists go with the
         // last job that uses it.

@@ -103,6 +103,9 @@ impl Farm {
             Err(e) => return self.stitch_refused(id, frame, &parts, e),
         };
         let digest = Digest::of(&bytes);
+        // The same bytes may be garbage a pass is deleting: wait for it, and
+        // keep them from the next pass until the frame names them.
+        self.touch_blobs_blocking(&[digest]);
         self.blobs.put(digest, &bytes)?;
         let out = FrameOutput {
             frame,
@@ -116,9 +119,7 @@ impl Farm {
         if !st.to_stitch.contains(&(id, frame)) {
             // Canceled, paused into a retry, or stitched by someone else
             // meanwhile; the new blob is unreferenced and will be collected.
-            if st.refs.count(&digest) == 0 {
-                st.garbage.insert_new(digest, now);
-            }
+            st.blobs.note_unreferenced(digest, now);
             return Ok(());
         }
         let mut job = st.jobs[&id].clone();

@@ -548,9 +548,7 @@ fn a_panic_under_the_state_lock_rebuilds_the_state_from_the_store() {
     let panicked = std::thread::scope(|s| {
         s.spawn(|| {
             let mut st = farm.lock();
-            if st.refs.release(&scene) {
-                st.garbage.insert(scene, now);
-            }
+            st.blobs.release(scene, now);
             st.jobs.get_mut(&job).unwrap().priority = 99;
             panic!("a bug halfway through a change");
         })

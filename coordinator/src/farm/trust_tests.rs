@@ -153,7 +153,7 @@ fn a_tile_shared_by_two_frames_is_kept_until_no_frame_needs_it() {
     );
     // Frame 2's last worker uploads the same bytes again (or finds them
     // present), then takes its time before naming them in its result.
-    f.farm.touch_blobs(&[shared]);
+    f.farm.touch_blobs_blocking(&[shared]);
     f.clock.advance(1500);
     f.farm.collect_garbage();
     assert!(

@@ -239,7 +239,7 @@ fn rebuild(
             fresh.health = std::mem::take(&mut st.health);
             fresh.events = st.events.take();
             fresh.commits = st.commits.take();
-            fresh.touched = std::mem::take(&mut st.touched);
+            fresh.blobs.keep_touched(&mut st.blobs);
             fresh.next_job = fresh.next_job.max(st.next_job);
             fresh.waiters = std::mem::take(&mut st.waiters);
             fresh.next_waiter = st.next_waiter;

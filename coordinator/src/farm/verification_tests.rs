@@ -179,7 +179,7 @@ fn held_results_survive_a_restart_and_keep_their_blobs() {
     assert_eq!(held.candidates.len(), 1);
     assert_eq!(held.candidates[0].worker, a);
     assert!(
-        again.lock().refs.count(&out.digest) > 0,
+        again.lock().blobs.count(&out.digest) > 0,
         "a held result's blob is referenced"
     );
     assert!(again.try_lease(&a, &HashSet::new()).unwrap().is_none());

@@ -51,7 +51,7 @@ pub async fn missing(
         .map(|d| digest("digests", d))
         .collect::<Result<Vec<_>, _>>()?;
     // A job naming these may follow: keep them from the collector.
-    api.farm.touch_blobs(&asked);
+    api.farm.touch_blobs(&asked).await;
     let missing = api.farm.missing_for(who, &asked);
     Ok(ok(json!({
         "missing": missing.iter().map(|d| d.to_hex()).collect::<Vec<_>>(),
@@ -68,7 +68,7 @@ async fn store(
     size: u64,
     body: Body,
 ) -> Result<Response, ApiError> {
-    api.farm.touch_blobs(&[d]);
+    api.farm.touch_blobs(&[d]).await;
     let mut writer = api.farm.blobs().writer(d, size)?;
     let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.next().await {
