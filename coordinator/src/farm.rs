@@ -61,6 +61,7 @@ pub mod preview_runner;
 mod previews;
 pub mod refs;
 mod results;
+mod schedule;
 mod scheduler;
 mod state;
 mod stats;
@@ -417,7 +418,7 @@ impl Farm {
     pub fn stop_serving(&self, why: String) {
         let _ = self.stopped.set(why);
         let mut st = self.lock();
-        st.wake_all();
+        st.schedule.wake_all();
         // Dropping the sender ends every stream that listens to it.
         st.events = Some(tokio::sync::broadcast::channel(1024).0);
     }

@@ -414,10 +414,11 @@ impl Farm {
     /// that a worker of `who` holds a lease of.
     fn leases_reference(st: &mut State, who: &Identity, d: &Digest) -> bool {
         let holds = |st: &State, job: &Job| {
-            let (Some(tasks), Some(index)) = (st.tasks.get(&job.id), st.index.get(&job.id)) else {
+            let (Some(tasks), Some(index)) = (st.tasks.get(&job.id), st.schedule.job(job.id))
+            else {
                 return false;
             };
-            index.leased.iter().any(|&i| {
+            index.leased().iter().any(|&i| {
                 tasks[i as usize]
                     .holder()
                     .and_then(|h| st.workers.get(h))

@@ -9,15 +9,21 @@ use crate::model::usage::{Attempt, AttemptEnd};
 /// end keeps its newest); the job's totals then leave out the oldest.
 const MAX_ATTEMPTS_KEPT: usize = 64;
 
+/// How attempts that are ending now ended, when their new state alone
+/// does not say (an expired lease, a preemption): marked by the change that
+/// ends them, read once by [`Farm::account`].
+#[derive(Debug, Default)]
+pub(super) struct Endings(HashMap<(JobId, u32), AttemptEnd>);
+
 impl Farm {
     /// Records the attempts that `changed` ends: a task that was leased
     /// and no longer is under the same grant. How it ended comes from
-    /// `State::ending` when set (an expired lease, a preemption), else from
+    /// `State::endings` when set (an expired lease, a preemption), else from
     /// its new state. Priced by the holder: its price per hour shared
     /// equally among its slots.
     pub(super) fn account(&self, st: &mut State, changed: &mut [Task], now: u64) {
         for t in changed.iter_mut() {
-            let marked = st.ending.remove(&(t.job, t.index));
+            let marked = st.endings.0.remove(&(t.job, t.index));
             let Some(old) = st.tasks.get(&t.job).and_then(|l| l.get(t.index as usize)) else {
                 continue;
             };
@@ -77,6 +83,6 @@ impl Farm {
     /// Marks how the attempt of task `(job, index)` that is ending now
     /// ended, when its new state alone does not say.
     pub(super) fn ending(st: &mut State, job: JobId, index: u32, end: AttemptEnd) {
-        st.ending.insert((job, index), end);
+        st.endings.0.insert((job, index), end);
     }
 }

@@ -67,16 +67,16 @@ impl Farm {
             if job.state.is_final() || job.state == JobState::Paused || st.held_back(job) {
                 continue;
             }
-            let Some(index) = st.index.get(&job.id) else {
+            let Some(index) = st.schedule.job(job.id) else {
                 continue;
             };
             let (queued, running) = (
-                u64::from(index.counts.queued),
-                u64::from(index.counts.leased),
+                u64::from(index.counts().queued),
+                u64::from(index.counts().leased),
             );
             let c = classes.get_mut(&key(job)).expect("every job has a class");
             let mean = index
-                .usage
+                .usage()
                 .mean_done_ms()
                 .or_else(|| (c.done_attempts > 0).then(|| c.done_ms / c.done_attempts));
             c.queued += queued;

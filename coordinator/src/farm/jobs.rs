@@ -35,7 +35,7 @@ impl Farm {
     /// The view of `job` with `page`, from the indexes.
     pub(super) fn view(&self, st: &State, job: &Job, page: Page) -> JobSnapshot {
         let tasks = st.tasks.get(&job.id).map_or(&[][..], |t| t.as_slice());
-        let index = st.index.get(&job.id);
+        let index = st.schedule.job(job.id);
         let mut snap = views::snapshot(job, tasks, index, page, self.waiting(st, job));
         snap.waiting_for = st.waiting_for(job);
         snap
@@ -125,11 +125,7 @@ impl Farm {
         if let Some(why) = self.unleasable(st, job, &usable) {
             return Some(why);
         }
-        let stalled = st
-            .stitch_errors
-            .iter()
-            .find(|((j, _), _)| *j == job.id)
-            .map(|((_, f), (n, _))| (*f, *n));
+        let stalled = st.finishing.stalled(job.id);
         stalled.map(|(frame, n)| {
             format!("frame {frame} could not be stitched {n} time(s) (its tiles could not be read); trying again")
         })
@@ -314,10 +310,8 @@ impl Farm {
         let ticket = {
             let mut st = self.lock();
             let waiting: Vec<String> = st
-                .dependents
-                .get(&id)
-                .into_iter()
-                .flatten()
+                .pipeline
+                .waiting_on(id)
                 .filter(|d| {
                     st.jobs
                         .get(d)
@@ -413,8 +407,8 @@ impl Farm {
     /// on those workers' machines, most often). Without this, such a job
     /// waits with no reason.
     fn unleasable(&self, st: &State, job: &Job, usable: &[&WorkerRecord]) -> Option<String> {
-        let index = st.index.get(&job.id)?;
-        if index.ready.is_empty() || index.counts.leased > 0 {
+        let index = st.schedule.job(job.id)?;
+        if index.ready().is_empty() || index.counts().leased > 0 {
             return None;
         }
         // `usable` is what the scheduler counts as the task's takers.
@@ -427,7 +421,7 @@ impl Farm {
         }
         let ids: Vec<&str> = usable.iter().map(|w| w.id.0.as_str()).collect();
         let tasks = st.tasks.get(&job.id)?;
-        let machine = index.ready.iter().any(|&i| {
+        let machine = index.ready().iter().any(|&i| {
             tasks
                 .get(i as usize)
                 .is_some_and(|t| !t.machine_failed_on.is_empty())

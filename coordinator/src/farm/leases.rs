@@ -136,18 +136,12 @@ impl Farm {
                     .collect();
                 let leased = self.lease_locked(&mut st, worker, cached, warm, slot)?;
                 let key = if leased.is_none() && ended.is_empty() {
-                    let key = st.next_waiter;
-                    st.next_waiter += 1;
-                    st.waiters.insert(
-                        key,
-                        state::Waiter {
-                            worker: worker.clone(),
-                            slot,
-                            warm,
-                            notify: notify.clone(),
-                        },
-                    );
-                    Some(key)
+                    Some(st.schedule.park(schedule::Waiter {
+                        worker: worker.clone(),
+                        slot,
+                        warm,
+                        notify: notify.clone(),
+                    }))
                 } else {
                     None
                 };
@@ -166,7 +160,7 @@ impl Farm {
             }
             let woken = tokio::time::timeout_at(deadline, notify.notified()).await;
             if let Some(key) = key {
-                self.lock().waiters.remove(&key);
+                self.lock().schedule.unpark(key);
             }
             if woken.is_err() {
                 return Ok(LeaseOutcome {
@@ -359,11 +353,7 @@ impl Farm {
             let mut st = self.lock();
             let mut by_job: BTreeMap<JobId, Vec<Task>> = BTreeMap::new();
             let mut seen: HashSet<(JobId, u32)> = HashSet::new();
-            while let Some(&std::cmp::Reverse((at, job, index))) = st.deadlines.peek() {
-                if at > now {
-                    break;
-                }
-                st.deadlines.pop();
+            while let Some((job, index)) = st.schedule.next_due(now) {
                 let Some(task) = st.tasks.get(&job).and_then(|t| t.get(index as usize)) else {
                     continue;
                 };
@@ -372,8 +362,7 @@ impl Farm {
                 };
                 if expires_ms > now {
                     // Renewed since: its new deadline goes in the heap.
-                    st.deadlines
-                        .push(std::cmp::Reverse((expires_ms, job, index)));
+                    st.schedule.extend(expires_ms, job, index);
                     continue;
                 }
                 if !seen.insert((job, index)) {

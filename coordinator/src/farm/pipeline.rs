@@ -20,6 +20,47 @@ pub(super) enum Reaction {
     Pause(String),
 }
 
+/// The pipeline's part of the state: which jobs wait for each job
+/// (`--after`, derived from the jobs) and the changes the farm owes jobs
+/// (a cancel because a job they waited for failed, a pause at their
+/// budget), made by [`Farm::react`].
+#[derive(Debug, Default)]
+pub(super) struct Dependencies {
+    dependents: HashMap<JobId, BTreeSet<JobId>>,
+    reactions: BTreeMap<JobId, Reaction>,
+}
+
+impl Dependencies {
+    /// The jobs that wait for job `id`.
+    pub(super) fn waiting_on(&self, id: JobId) -> impl Iterator<Item = JobId> + '_ {
+        self.dependents.get(&id).into_iter().flatten().copied()
+    }
+
+    /// Takes every owed change.
+    fn take_owed(&mut self) -> BTreeMap<JobId, Reaction> {
+        std::mem::take(&mut self.reactions)
+    }
+
+    /// Keeps the index current after `job` changed (from `old`).
+    fn note(&mut self, job: &Job, old: Option<&Job>) {
+        let id = job.id;
+        if old.is_none() {
+            for d in &job.after {
+                self.dependents.entry(*d).or_default().insert(id);
+            }
+        } else if let Some(old) = old.filter(|o| o.after != job.after) {
+            for d in &old.after {
+                if let Some(set) = self.dependents.get_mut(d) {
+                    set.remove(&id);
+                }
+            }
+            for d in &job.after {
+                self.dependents.entry(*d).or_default().insert(id);
+            }
+        }
+    }
+}
+
 /// What a job's dependencies say now.
 enum Deps {
     /// Every one is done (or there are none).
@@ -80,7 +121,7 @@ impl State {
 
     /// What its tasks have cost so far.
     pub(super) fn usage(&self, id: JobId) -> Usage {
-        self.index.get(&id).map(|i| i.usage).unwrap_or_default()
+        self.schedule.job(id).map(|i| i.usage()).unwrap_or_default()
     }
 
     /// Whether a job may not lease now although it has ready tasks: it
@@ -100,30 +141,17 @@ impl State {
     /// stored in `self.jobs`; `dependency_changed` follows once it is.
     pub(super) fn note_pipeline(&mut self, job: &Job, old: Option<&Job>) {
         let id = job.id;
-        if old.is_none() {
-            for d in &job.after {
-                self.dependents.entry(*d).or_default().insert(id);
-            }
-        } else if let Some(old) = old.filter(|o| o.after != job.after) {
-            for d in &old.after {
-                if let Some(set) = self.dependents.get_mut(d) {
-                    set.remove(&id);
-                }
-            }
-            for d in &job.after {
-                self.dependents.entry(*d).or_default().insert(id);
-            }
-        }
+        self.pipeline.note(job, old);
         // Its own dependencies (checked on every change: on a restart the
         // jobs it waits for were installed before it).
         if !job.state.is_final() && !job.started {
             if let Deps::Broken(reason) = self.deps(job) {
-                self.reactions.insert(id, Reaction::Cancel(reason));
+                self.pipeline.reactions.insert(id, Reaction::Cancel(reason));
             }
         }
         if !job.state.is_final() && job.state != JobState::Paused && self.over_budget(job) {
             let spent = self.usage(id).cost;
-            self.reactions.entry(id).or_insert_with(|| {
+            self.pipeline.reactions.entry(id).or_insert_with(|| {
                 Reaction::Pause(format!(
                     "paused: its budget of {:.2} is spent ({spent:.2}); raise it with `tessera update {id} --max-cost N`, then `tessera resume {id}`",
                     job.max_cost.unwrap_or_default()
@@ -135,9 +163,7 @@ impl State {
     /// Job `id` is now in `state` (None: gone): what waits for it is
     /// released or canceled.
     pub(super) fn dependency_changed(&mut self, id: JobId, state: Option<JobState>) {
-        let Some(waiting) = self.dependents.get(&id).cloned() else {
-            return;
-        };
+        let waiting: Vec<JobId> = self.pipeline.waiting_on(id).collect();
         for d in waiting {
             let Some(dep) = self.jobs.get(&d) else {
                 continue;
@@ -148,11 +174,8 @@ impl State {
             match state {
                 Some(JobState::Done) => {
                     // Released: lease it now if nothing else holds it back.
-                    let ready = self.index.get(&d).map_or(0, |i| i.ready.len());
-                    if dep.state != JobState::Paused && ready > 0 && !self.held_back(dep) {
-                        let key = (std::cmp::Reverse(dep.priority), d);
-                        self.runnable.insert(key);
-                        self.wake(d, ready);
+                    if dep.state != JobState::Paused && !self.held_back(dep) {
+                        self.schedule.release(dep, &self.workers);
                     }
                 }
                 Some(JobState::Failed) | Some(JobState::Canceled) | None => {
@@ -161,7 +184,7 @@ impl State {
                         Some(_) => "was canceled",
                         None => "was deleted",
                     };
-                    self.reactions.insert(
+                    self.pipeline.reactions.insert(
                         d,
                         Reaction::Cancel(format!(
                             "canceled: job {id}, which it waited for (--after), {how}"
@@ -313,9 +336,8 @@ impl Farm {
         let mut made = 0;
         // Each round may owe more (a chain of dependents); the chain is finite.
         for _ in 0..64 {
-            let due: Vec<(JobId, Reaction)> = std::mem::take(&mut self.lock().reactions)
-                .into_iter()
-                .collect();
+            let due: Vec<(JobId, Reaction)> =
+                self.lock().pipeline.take_owed().into_iter().collect();
             if due.is_empty() {
                 break;
             }

@@ -1,5 +1,5 @@
 //! Preview videos on the farm's side: which jobs need one (the preview
-//! queue, [`State::to_preview`], derived from the job records like the
+//! queue, `stitching::Finishing`, derived from the job records like the
 //! stitch queue, so a crash loses nothing), what making one needs, and
 //! recording how it ended. The video itself is made by
 //! [`crate::farm::preview_runner`], outside the farm's lock.
@@ -21,7 +21,7 @@ pub struct PreviewWork {
 impl Farm {
     /// Jobs whose preview is due (wanted, done, not made yet), oldest first.
     pub fn previews_due(&self) -> Vec<JobId> {
-        self.lock().to_preview.iter().copied().collect()
+        self.lock().finishing.previews().collect()
     }
 
     /// The frames and frame rate of job `id`'s preview, or None when it is

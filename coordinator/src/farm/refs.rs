@@ -9,10 +9,12 @@
 //! for it: two frames may share a tile's bytes (a transparent corner), and the
 //! second frame's worker may be about to name that blob in its result.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
+use super::state::{frame_tasks, Change};
 use crate::digest::Digest;
 use crate::model::job::Job;
+use crate::model::output::FrameOutput;
 use crate::model::task::{Task, TaskState};
 
 /// How many records reference each blob.
@@ -84,6 +86,64 @@ pub fn task_refs<'a>(task: &'a Task, job: &Job) -> impl Iterator<Item = Digest> 
         .iter()
         .chain(held.flat_map(|c| &c.outputs))
         .map(|o| o.digest)
+}
+
+/// The references a change adds and those it releases: a new job's own;
+/// stitched frames and a preview video that came or went; each changed
+/// task's before and after; and the tiles of frames the change stitched.
+pub(super) fn change_refs(change: &Change<'_>, files: &[Digest]) -> (Vec<Digest>, Vec<Digest>) {
+    let (job, old_job) = (change.job, change.old_job);
+    let mut added: Vec<Digest> = Vec::new();
+    let mut released: Vec<Digest> = Vec::new();
+    match old_job {
+        None => added.extend(job_refs(job, files)),
+        Some(old) if !std::sync::Arc::ptr_eq(&old.stitched, &job.stitched) => {
+            let key = |o: &FrameOutput| (o.frame, o.pass.clone());
+            let before: HashSet<(u32, String)> = old.stitched.iter().map(key).collect();
+            let after: HashSet<(u32, String)> = job.stitched.iter().map(key).collect();
+            added.extend(
+                job.stitched
+                    .iter()
+                    .filter(|o| !before.contains(&key(o)))
+                    .map(|o| o.digest),
+            );
+            // Frames rendered again (`retry --frames`) let go of their old image.
+            released.extend(
+                old.stitched
+                    .iter()
+                    .filter(|o| !after.contains(&key(o)))
+                    .map(|o| o.digest),
+            );
+        }
+        Some(_) => {}
+    }
+    // A preview made (or made again) references its video instead.
+    if let Some(old) = old_job {
+        let (was, now) = (old.preview.digest(), job.preview.digest());
+        if was != now {
+            added.extend(now);
+            released.extend(was);
+        }
+    }
+    let mut changed: HashSet<u32> = HashSet::new();
+    for (i, old) in &change.tasks {
+        changed.insert(*i);
+        if let Some(old) = old {
+            released.extend(task_refs(old, old_job.unwrap_or(job)));
+        }
+        added.extend(task_refs(&change.list[*i as usize], job));
+    }
+    // Tiles of newly stitched frames stop referencing their blobs.
+    if let Some(old) = old_job {
+        for &frame in &change.newly_stitched {
+            for t in frame_tasks(change.list, frame) {
+                if !changed.contains(&t.index) {
+                    released.extend(task_refs(t, old));
+                }
+            }
+        }
+    }
+    (added, released)
 }
 
 /// Every reference of `job`, its file set's entries `files`, and its tasks.

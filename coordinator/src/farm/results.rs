@@ -162,14 +162,15 @@ impl Farm {
             }
             let frame = task.frames[0];
             let was_done = st.tasks[&lease.job][task.index as usize].is_done();
-            let done = st.index[&lease.job].counts.done + u32::from(!was_done);
+            let done =
+                st.schedule.job(lease.job).map_or(0, |i| i.counts().done) + u32::from(!was_done);
             if !job.is_tiled() && !job.state.is_final() && done == job.task_count {
                 job.finish(now)?;
                 tracing::info!(job = %job.id, "job done");
             }
             let ticket = self.store_result(&mut st, task, job, holder.as_ref(), extra);
             (
-                st.to_stitch.contains(&(lease.job, frame)).then_some(frame),
+                st.finishing.wants_stitch(lease.job, frame).then_some(frame),
                 ticket,
             )
         };

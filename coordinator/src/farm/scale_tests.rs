@@ -133,7 +133,7 @@ async fn a_ready_task_wakes_one_parked_lease_call_not_all() {
                 .unwrap()
         }));
     }
-    while f.farm.lock().waiters.len() < 3 {
+    while f.farm.lock().schedule.parked() < 3 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let job = f.farm.submit(sub(f.scene, "1", 1)).unwrap();
@@ -143,7 +143,7 @@ async fn a_ready_task_wakes_one_parked_lease_call_not_all() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(
-        f.farm.lock().waiters.len(),
+        f.farm.lock().schedule.parked(),
         2,
         "one call was woken for the one task; two still wait"
     );

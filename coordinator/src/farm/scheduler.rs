@@ -69,25 +69,30 @@ pub(super) fn first_ready(
 ) -> Option<u32> {
     let tasks = &st.tasks[&job];
     let mut takers_n = None;
-    st.index[&job].ready.iter().copied().find(|&i| {
-        let t = &tasks[i as usize];
-        if t.machine_failed_on.contains(worker) {
-            return false;
-        }
-        if t.verify.is_some()
-            && !st
-                .workers
-                .get(worker)
-                .is_some_and(|w| verification::may_take(&st.jobs[&job], t, w))
-        {
-            return false;
-        }
-        if !t.failed_on.contains(worker) {
-            return true;
-        }
-        let n = *takers_n.get_or_insert_with(takers);
-        t.failed_on.len() >= n.max(1)
-    })
+    st.schedule
+        .job(job)
+        .into_iter()
+        .flat_map(|i| i.ready().iter())
+        .copied()
+        .find(|&i| {
+            let t = &tasks[i as usize];
+            if t.machine_failed_on.contains(worker) {
+                return false;
+            }
+            if t.verify.is_some()
+                && !st
+                    .workers
+                    .get(worker)
+                    .is_some_and(|w| verification::may_take(&st.jobs[&job], t, w))
+            {
+                return false;
+            }
+            if !t.failed_on.contains(worker) {
+                return true;
+            }
+            let n = *takers_n.get_or_insert_with(takers);
+            t.failed_on.len() >= n.max(1)
+        })
 }
 
 /// Chooses the next task for the asking slot. Among the runnable jobs of the
@@ -110,7 +115,7 @@ pub(super) fn pick(st: &State, asker: &Asker<'_>, block_after: u32) -> Option<(J
     // (running, not cached, id, task)
     let mut best: Option<(u32, bool, JobId, u32)> = None;
     let mut warm_choice: Option<(u32, u32)> = None;
-    for &(std::cmp::Reverse(priority), id) in &st.runnable {
+    for (priority, id) in st.schedule.runnable() {
         if group.is_some_and(|g| g != priority) {
             break;
         }
@@ -133,7 +138,7 @@ pub(super) fn pick(st: &State, asker: &Asker<'_>, block_after: u32) -> Option<(J
             continue;
         };
         group = Some(priority);
-        let running = st.index[&id].counts.leased;
+        let running = st.schedule.job(id).map_or(0, |i| i.counts().leased);
         if Some(id) == warm {
             warm_choice = Some((running, task));
         }

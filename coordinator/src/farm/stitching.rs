@@ -1,7 +1,7 @@
 //! Results, the stitch queue and blob collection.
 //!
 //! A completed tile makes its frame ready once every tile of the frame is
-//! done; the frame then sits in the stitch queue ([`State::to_stitch`],
+//! done; the frame then sits in the stitch queue (`Finishing`,
 //! derived from the records) until it is stitched, so no path (a cancel
 //! during a stitch, a retry after one, a crash, a failed read) can leave a
 //! job running forever. A failed stitch never deletes tiles: a tile that
@@ -10,6 +10,7 @@
 //! [`Farm::collect_garbage`] once no record references them and nobody has
 //! touched them for a grace period.
 
+use super::state::Change;
 use super::*;
 
 /// Read failures of one frame's tiles before its job fails.
@@ -26,24 +27,153 @@ struct Parts {
     tiles: Vec<(Rect, Rect, Digest, u32)>,
 }
 
+/// What is left to finish once tasks are done: the stitch queue (frames of
+/// open tiled jobs whose tiles are all done but that are not stitched yet),
+/// stitch attempts that could not read their tiles, and the preview queue
+/// (done jobs whose preview video is wanted and not made yet). The queues
+/// are derived from the records ([`Finishing::apply`]), so a crash loses
+/// nothing.
+#[derive(Debug, Default)]
+pub(super) struct Finishing {
+    to_stitch: BTreeSet<(JobId, u32)>,
+    /// Failed stitch attempts of a frame, and when the next may run (ms).
+    stitch_errors: HashMap<(JobId, u32), (u32, u64)>,
+    to_preview: BTreeSet<JobId>,
+}
+
+impl Finishing {
+    /// Whether `frame` of job `id` waits to be stitched.
+    pub(super) fn wants_stitch(&self, id: JobId, frame: u32) -> bool {
+        self.to_stitch.contains(&(id, frame))
+    }
+
+    /// The frames to stitch now: queued, past their backoff.
+    fn due(&self, now: u64) -> Vec<(JobId, u32)> {
+        self.to_stitch
+            .iter()
+            .filter(|k| {
+                self.stitch_errors
+                    .get(k)
+                    .is_none_or(|(_, not_before)| *not_before <= now)
+            })
+            .copied()
+            .collect()
+    }
+
+    /// The first frame of job `id` that could not be stitched, and how
+    /// many times it failed.
+    pub(super) fn stalled(&self, id: JobId) -> Option<(u32, u32)> {
+        self.stitch_errors
+            .iter()
+            .find(|((j, _), _)| *j == id)
+            .map(|((_, f), (n, _))| (*f, *n))
+    }
+
+    /// Puts off the next attempt at `frame` until `not_before(tries)`;
+    /// `spend` counts this failure against its tries. Returns the tries
+    /// spent.
+    fn put_off(
+        &mut self,
+        id: JobId,
+        frame: u32,
+        spend: bool,
+        not_before: impl FnOnce(u32) -> u64,
+    ) -> u32 {
+        let entry = self.stitch_errors.entry((id, frame)).or_insert((0, 0));
+        entry.0 += u32::from(spend);
+        entry.1 = not_before(entry.0);
+        entry.0
+    }
+
+    /// Forgets the failures of `frame` (stitched, or given up).
+    fn settled(&mut self, id: JobId, frame: u32) {
+        self.stitch_errors.remove(&(id, frame));
+    }
+
+    /// Jobs whose preview is due, oldest first.
+    pub(super) fn previews(&self) -> impl Iterator<Item = JobId> + '_ {
+        self.to_preview.iter().copied()
+    }
+
+    /// Takes a job's change in: its preview is due or not, and the frames
+    /// it touched are queued for stitching when all their tiles are done.
+    pub(super) fn apply(&mut self, change: &Change<'_>) {
+        let (job, id) = (change.job, change.job.id);
+        if job.preview.is_due(job.state == JobState::Done) {
+            self.to_preview.insert(id);
+        } else {
+            self.to_preview.remove(&id);
+        }
+        if change.became_final {
+            self.unqueue(id);
+        } else if change.reopened || change.old_job.is_none() {
+            self.queue_ready_frames(job, change.list, None);
+        } else if !change.frames_touched.is_empty() {
+            self.queue_ready_frames(job, change.list, Some(&change.frames_touched));
+        }
+    }
+
+    /// Forgets job `id` (archived or deleted).
+    pub(super) fn forget(&mut self, id: JobId) {
+        self.to_preview.remove(&id);
+        self.unqueue(id);
+    }
+
+    fn unqueue(&mut self, id: JobId) {
+        let keys: Vec<(JobId, u32)> = self
+            .to_stitch
+            .range((id, 0)..=(id, u32::MAX))
+            .copied()
+            .collect();
+        for k in keys {
+            self.to_stitch.remove(&k);
+        }
+    }
+
+    /// Puts the frames of `job` (or only `frames`) whose tiles are all
+    /// done, and that are not stitched, in the stitch queue, and takes out
+    /// those that are not.
+    fn queue_ready_frames(&mut self, job: &Job, tasks: &[Task], frames: Option<&BTreeSet<u32>>) {
+        if !job.is_tiled() {
+            return;
+        }
+        let mut state: BTreeMap<u32, bool> = BTreeMap::new();
+        match frames {
+            None => {
+                for t in tasks {
+                    *state.entry(t.frames[0]).or_insert(true) &= t.is_done();
+                }
+            }
+            Some(frames) => {
+                for &f in frames {
+                    let all = state::frame_tasks(tasks, f).all(Task::is_done);
+                    state.insert(f, all);
+                }
+            }
+        }
+        let open = !job.state.is_final();
+        for (frame, all_done) in state {
+            // Stitched frames are kept sorted by frame.
+            let is_stitched = job
+                .stitched
+                .binary_search_by_key(&frame, |o| o.frame)
+                .is_ok();
+            if open && all_done && !is_stitched {
+                self.to_stitch.insert((job.id, frame));
+            } else {
+                self.to_stitch.remove(&(job.id, frame));
+            }
+        }
+    }
+}
+
 impl Farm {
     /// Stitches every frame in the stitch queue whose backoff has passed;
     /// returns how many were tried. The coordinator calls this at start and
     /// on every tick of its reaper.
     pub fn stitch_pending(&self) -> usize {
         let now = self.clock.now_ms();
-        let due: Vec<(JobId, u32)> = {
-            let st = self.lock();
-            st.to_stitch
-                .iter()
-                .filter(|k| {
-                    st.stitch_errors
-                        .get(k)
-                        .is_none_or(|(_, not_before)| *not_before <= now)
-                })
-                .copied()
-                .collect()
-        };
+        let due: Vec<(JobId, u32)> = { self.lock().finishing.due(now) };
         for &(job, frame) in &due {
             if let Err(e) = self.stitch_frame(job, frame) {
                 tracing::warn!(%job, frame, "stitch deferred: {e}");
@@ -116,7 +246,7 @@ impl Farm {
         };
         let now = self.clock.now_ms();
         let mut st = self.lock();
-        if !st.to_stitch.contains(&(id, frame)) {
+        if !st.finishing.wants_stitch(id, frame) {
             // Canceled, paused into a retry, or stitched by someone else
             // meanwhile; the new blob is unreferenced and will be collected.
             st.blobs.note_unreferenced(digest, now);
@@ -133,7 +263,7 @@ impl Farm {
             tracing::info!(job = %id, "job done");
         }
         tracing::info!(job = %id, frame, tiles = parts.tiles.len(), ms = started.elapsed().as_millis() as u64, "frame stitched");
-        st.stitch_errors.remove(&(id, frame));
+        st.finishing.settled(id, frame);
         // The frame now references its own blob; its tiles' references go,
         // and the collector deletes them after the grace period.
         let ticket = self.save(&mut st, job, Vec::new(), vec![record]);
@@ -144,7 +274,7 @@ impl Farm {
     /// The tiles of a queued frame, or None when it is not queued.
     fn parts(&self, id: JobId, frame: u32) -> Result<Option<Parts>, Error> {
         let st = self.lock();
-        if !st.to_stitch.contains(&(id, frame)) {
+        if !st.finishing.wants_stitch(id, frame) {
             return Ok(None);
         }
         let job = st
@@ -175,23 +305,23 @@ impl Farm {
         }
         let now = self.clock.now_ms();
         let mut st = self.lock();
-        let entry = st.stitch_errors.entry((id, frame)).or_insert((0, 0));
         if let Error::Unavailable(_) = e {
             // The blob store does not answer (`status` says so under
             // outages): the frame waits for it, however long, without
             // spending its tries.
-            entry.1 = now + STITCH_BACKOFF_MS * 4;
+            st.finishing
+                .put_off(id, frame, false, |_| now + STITCH_BACKOFF_MS * 4);
             tracing::warn!(job = %id, frame, "cannot read a tile to stitch; waiting for the blob store: {e}");
             return Ok(());
         }
-        entry.0 += 1;
-        let tries = entry.0;
-        entry.1 = now + (STITCH_BACKOFF_MS << (tries - 1).min(10));
+        let tries = st.finishing.put_off(id, frame, true, |tries| {
+            now + (STITCH_BACKOFF_MS << (tries - 1).min(10))
+        });
         tracing::warn!(job = %id, frame, tries, "cannot read a tile to stitch: {e}");
         if tries < MAX_STITCH_TRIES {
             return Ok(());
         }
-        st.stitch_errors.remove(&(id, frame));
+        st.finishing.settled(id, frame);
         let reason = format!(
             "frame {frame} could not be stitched: its tiles could not be read {tries} times ({e}); check the coordinator's --data volume, then `tessera retry {id}`"
         );
@@ -229,7 +359,7 @@ impl Farm {
     fn rerender_tile(&self, id: JobId, frame: u32, task: u32, why: String) -> Result<(), Error> {
         let now = self.clock.now_ms();
         let mut st = self.lock();
-        if !st.to_stitch.contains(&(id, frame)) {
+        if !st.finishing.wants_stitch(id, frame) {
             return Ok(());
         }
         let mut job = st.jobs[&id].clone();

@@ -241,10 +241,9 @@ fn rebuild(
             fresh.commits = st.commits.take();
             fresh.blobs.keep_touched(&mut st.blobs);
             fresh.next_job = fresh.next_job.max(st.next_job);
-            fresh.waiters = std::mem::take(&mut st.waiters);
-            fresh.next_waiter = st.next_waiter;
+            fresh.schedule.keep_waiters(&mut st.schedule);
             *st = fresh;
-            st.wake_all();
+            st.schedule.wake_all();
         }
         Err(e) => {
             tracing::error!(

@@ -230,12 +230,12 @@ impl Farm {
         job: &Job,
         usable: &[&WorkerRecord],
     ) -> Option<String> {
-        let index = st.index.get(&job.id)?;
-        if index.counts.leased > 0 {
+        let index = st.schedule.job(job.id)?;
+        if index.counts().leased > 0 {
             return None;
         }
         let tasks = st.tasks.get(&job.id)?;
-        let stuck = index.ready.iter().find_map(|&i| {
+        let stuck = index.ready().iter().find_map(|&i| {
             let t = tasks.get(i as usize)?;
             let v = t.verify.as_ref().filter(|v| !v.candidates.is_empty())?;
             (!usable.iter().any(|w| may_take(job, t, w))).then_some((t, v))

@@ -88,7 +88,7 @@ pub struct JobSnapshot {
 pub(super) fn snapshot(
     job: &Job,
     tasks: &[Task],
-    index: Option<&state::JobIndex>,
+    index: Option<&schedule::JobIndex>,
     page: Page,
     waiting: Option<String>,
 ) -> JobSnapshot {
@@ -97,9 +97,9 @@ pub(super) fn snapshot(
         .saturating_add(page.task_limit as usize)
         .min(tasks.len());
     let paged = &tasks[from..to];
-    let mut counts = index.map(|i| i.counts).unwrap_or_default();
+    let mut counts = index.map(|i| i.counts()).unwrap_or_default();
     if let Some(i) = index {
-        for &t in &i.leased {
+        for &t in i.leased() {
             let t = &tasks[t as usize];
             counts.running_frames_done += t.frames_done;
             counts.samples_done += u64::from(t.samples_done);
@@ -155,7 +155,7 @@ pub(super) fn snapshot(
         counts,
         waiting,
         archived: false,
-        usage: index.map(|i| i.usage).unwrap_or_default(),
+        usage: index.map(|i| i.usage()).unwrap_or_default(),
         waiting_for: None,
     }
 }

@@ -129,10 +129,10 @@ impl Farm {
             .map(|w| WorkerSnapshot {
                 record: w.clone(),
                 online: self.online(w, now),
-                running: st.held.get(&w.id).map_or(0, |h| h.len() as u32),
+                running: st.schedule.held_by(&w.id).map_or(0, |h| h.len() as u32),
                 in_hand: st
-                    .held
-                    .get(&w.id)
+                    .schedule
+                    .held_by(&w.id)
                     .map(|h| h.iter().copied().collect())
                     .unwrap_or_default(),
                 drain: st.health.get(&w.id).and_then(|h| h.drain.clone()),
@@ -185,7 +185,7 @@ impl Farm {
         };
         st.announce(FarmEvent::Worker(worker.clone()));
         if before.is_some() && after.is_none() {
-            st.wake_all();
+            st.schedule.wake_all();
         }
         drop(st);
         ticket.wait()

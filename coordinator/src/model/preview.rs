@@ -5,10 +5,10 @@
 //! # Layout
 //! - this file: what a job records about its preview ([`Preview`]), durably,
 //!   and the frame rate read from the scene at submit.
-//! - [`encode`]: frames to an MP4 with ffmpeg (decoding, tone-mapping and
+//! - [`crate::imaging::video`]: frames to an MP4 with ffmpeg (decoding, tone-mapping and
 //!   padding in [`crate::imaging::frame_image`] and here; ffmpeg run as a process
 //!   with a time limit).
-//! - [`runner`]: the coordinator's preview maker: one preview at a time, on
+//! - [`crate::farm::preview_runner`]: the coordinator's preview maker: one preview at a time, on
 //!   a thread of its own, never under the farm's lock.
 //!
 //! ```text

@@ -3,7 +3,7 @@
 //! PostgreSQL confirmed, and never again once revoked.
 //!
 //! The moment is counted from when the renewal was *sent* (see
-//! [`super::Timing`]), so it always falls before the expiry the server
+//! [`crate::ha::Timing`]), so it always falls before the expiry the server
 //! recorded, which counts from when the server ran the renewal.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
