@@ -27,6 +27,7 @@ pub mod adapters;
 pub mod auth;
 pub mod blendfile;
 pub mod blobs;
+pub mod bridge;
 pub mod clock;
 pub mod digest;
 pub mod error;

@@ -13,7 +13,7 @@
 //!
 //! The [`BlobStore`] traits are synchronous and called from blocking threads
 //! as well as from async handlers. The S3 client is async, so the store owns
-//! a small runtime of its own ([`Io`]) that runs every request; a caller waits
+//! a small runtime of its own ([`crate::bridge::Bridge`]) that runs every request; a caller waits
 //! for the answer on a plain channel, inside `block_in_place` when it is a
 //! worker thread of a multi-threaded runtime, so it never stalls that runtime's
 //! other tasks, and it never waits on a task of its own runtime, so it cannot
@@ -47,9 +47,6 @@ use object_store::{
 };
 use tokio::task::JoinHandle;
 
-mod io;
-use io::Io;
-
 use crate::blobs::{BlobStore, BlobWriter};
 use crate::digest::Digest;
 use crate::error::Error;
@@ -77,7 +74,7 @@ const PROBES_WHILE_UP: u32 = 5;
 #[derive(Debug)]
 struct Inner {
     s3: Arc<AmazonS3>,
-    io: Io,
+    io: crate::bridge::Bridge,
     /// `s3://bucket/prefix`, for messages.
     location: String,
     /// The key prefix without slashes at either end ("" for none).
@@ -194,7 +191,7 @@ impl S3BlobStore {
         let store = Self {
             inner: Arc::new(Inner {
                 s3: Arc::new(s3),
-                io: Io::new()?,
+                io: crate::bridge::Bridge::new("s3", "the S3 client")?,
                 health: StoreHealth::blobs(format!("S3 {location} at {endpoint}")),
                 location,
                 prefix,

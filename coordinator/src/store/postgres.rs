@@ -85,22 +85,13 @@ pub struct PgStore {
 /// What the handles of one store share.
 struct Shared {
     pool: Pool,
-    /// The runtime tokio-postgres runs on (shut down in the background on drop).
-    runtime: Option<tokio::runtime::Runtime>,
+    /// The runtime tokio-postgres runs on, and the wait for its answers.
+    bridge: crate::bridge::Bridge,
     /// Where the database is, for messages (no password).
     target: String,
     /// How long one call may take.
     deadline: Duration,
     health: StoreHealth,
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        // Dropping a runtime blocks, which an async caller may not do.
-        if let Some(rt) = self.runtime.take() {
-            rt.shutdown_background();
-        }
-    }
 }
 
 /// What to check when PostgreSQL does not answer.
@@ -251,12 +242,7 @@ impl PgStore {
             config.get_options().unwrap_or_default()
         );
         config.options(&options);
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("tessera-pg")
-            .enable_all()
-            .build()
-            .map_err(|e| Error::io("cannot start the PostgreSQL client runtime".into(), e))?;
+        let bridge = crate::bridge::Bridge::new("pg", "the PostgreSQL client")?;
         let manager = match tls {
             PgTls::Off => Manager::new(config, tokio_postgres::NoTls),
             PgTls::Verified(make) => Manager::new(config, make),
@@ -272,7 +258,7 @@ impl PgStore {
         let store = Self {
             shared: Arc::new(Shared {
                 pool,
-                runtime: Some(runtime),
+                bridge,
                 target: redact(url),
                 deadline,
                 health: StoreHealth::new(describe(url)),
@@ -315,11 +301,6 @@ impl PgStore {
         deadline: Duration,
         fut: impl Future<Output = Result<T, Error>> + Send + 'static,
     ) -> Result<T, Error> {
-        let runtime = self
-            .shared
-            .runtime
-            .as_ref()
-            .ok_or_else(|| Error::Store("the PostgreSQL store is closed".into()))?;
         if let Some(lease) = &self.lease {
             if !lease.valid() {
                 return Err(lapsed(what));
@@ -328,8 +309,7 @@ impl PgStore {
         let lease = self.lease.clone();
         let shared = self.shared.clone();
         let what = what.to_string();
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        runtime.spawn(async move {
+        let answer = self.shared.bridge.run(async move {
             let timed = async {
                 match tokio::time::timeout(deadline, fut).await {
                     Ok(r) => r,
@@ -352,10 +332,9 @@ impl PgStore {
                 Err(Error::NotActive(_)) => {}
                 _ => shared.health.answered(),
             }
-            let _ = tx.send(r);
+            r
         });
-        rx.recv()
-            .map_err(|_| Error::Store("the PostgreSQL client stopped".into()))?
+        answer.ok_or_else(|| Error::Store("the PostgreSQL client stopped".into()))?
     }
 }
 

@@ -1,6 +1,10 @@
-//! The seam between the synchronous blob traits and the async S3 client:
-//! a small runtime of the S3 store's own, and a wait that never stalls a
-//! tokio worker thread nor deadlocks (see the parent module's doc).
+//! The one seam between the synchronous store traits (`MetaStore`,
+//! `BlobStore`) and the async clients behind them (tokio-postgres, the S3
+//! client): each store on another machine runs its client on a small
+//! runtime of its own, and a caller waits for an answer in the one way that
+//! never stalls a tokio worker thread nor deadlocks, whatever thread it is
+//! on. The farm never calls a store under its lock (see ARCHITECTURE.md),
+//! so a wait here holds up only its own caller.
 
 use std::future::Future;
 
@@ -8,21 +12,23 @@ use tokio::task::JoinHandle;
 
 use crate::error::Error;
 
-/// A runtime of the store's own that runs the S3 client's requests.
+/// A runtime of a store's own that runs its client's requests.
 #[derive(Debug)]
-pub(super) struct Io {
+pub struct Bridge {
     runtime: Option<tokio::runtime::Runtime>,
     handle: tokio::runtime::Handle,
 }
 
-impl Io {
-    pub(super) fn new() -> Result<Self, Error> {
+impl Bridge {
+    /// Starts a runtime of two threads named `tessera-NAME` for the client
+    /// of `what` (for messages: "the S3 client").
+    pub fn new(name: &str, what: &str) -> Result<Self, Error> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
-            .thread_name("tessera-s3")
+            .thread_name(format!("tessera-{name}"))
             .enable_all()
             .build()
-            .map_err(|e| Error::io("cannot start the S3 client's threads".into(), e))?;
+            .map_err(|e| Error::io(format!("cannot start the threads of {what}"), e))?;
         let handle = runtime.handle().clone();
         Ok(Self {
             runtime: Some(runtime),
@@ -31,7 +37,7 @@ impl Io {
     }
 
     /// Starts `fut` on the store's runtime.
-    pub(super) fn spawn<F>(&self, fut: F) -> JoinHandle<F::Output>
+    pub fn spawn<F>(&self, fut: F) -> JoinHandle<F::Output>
     where
         F: Future + Send + 'static,
         F::Output: Send + 'static,
@@ -39,9 +45,14 @@ impl Io {
         self.handle.spawn(fut)
     }
 
+    /// The runtime's handle (for clients that spawn on it themselves).
+    pub fn handle(&self) -> &tokio::runtime::Handle {
+        &self.handle
+    }
+
     /// Runs `fut` on the store's runtime and waits for it (see the module
     /// doc). `None` when the runtime is shutting down.
-    pub(super) fn run<F>(&self, fut: F) -> Option<F::Output>
+    pub fn run<F>(&self, fut: F) -> Option<F::Output>
     where
         F: Future + Send + 'static,
         F::Output: Send + 'static,
@@ -54,8 +65,8 @@ impl Io {
         match Handle::try_current() {
             Ok(h) if h.id() == self.handle.id() => {
                 // Waiting here would hold one of the threads the answer
-                // needs. Nothing in this module does it.
-                tracing::error!("an S3 blob call was made from the S3 client's own runtime");
+                // needs. No store does it.
+                tracing::error!("a store call was made from its client's own runtime");
                 None
             }
             Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
@@ -69,7 +80,7 @@ impl Io {
     }
 }
 
-impl Drop for Io {
+impl Drop for Bridge {
     fn drop(&mut self) {
         // Dropping a runtime blocks, which is not allowed on an async
         // thread (where the last `Arc` of a farm may well go).
@@ -87,7 +98,7 @@ mod tests {
     use super::*;
 
     /// A request's answer, as the S3 client's runtime would give it.
-    fn answer(io: &Io) -> Option<u32> {
+    fn answer(io: &Bridge) -> Option<u32> {
         io.run(async {
             tokio::time::sleep(Duration::from_millis(5)).await;
             7
@@ -96,12 +107,15 @@ mod tests {
 
     #[test]
     fn the_sync_seam_answers_on_a_plain_thread() {
-        assert_eq!(answer(&Io::new().unwrap()), Some(7));
+        assert_eq!(
+            answer(&Bridge::new("test", "a test client").unwrap()),
+            Some(7)
+        );
     }
 
     #[tokio::test(flavor = "current_thread")]
     async fn the_sync_seam_answers_on_a_current_thread_runtime_and_drops_there() {
-        let io = Io::new().unwrap();
+        let io = Bridge::new("test", "a test client").unwrap();
         assert_eq!(answer(&io), Some(7));
         // Dropped on an async thread: no "cannot drop a runtime" panic.
         drop(io);
@@ -110,7 +124,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn callers_on_every_worker_thread_leave_the_runtime_running() {
         use std::sync::atomic::{AtomicUsize, Ordering};
-        let io = Arc::new(Io::new().unwrap());
+        let io = Arc::new(Bridge::new("test", "a test client").unwrap());
         let (tx, rx) = tokio::sync::watch::channel(false);
         let tx = Arc::new(tx);
         let waiting = Arc::new(AtomicUsize::new(0));
@@ -150,7 +164,7 @@ mod tests {
 
     #[test]
     fn a_call_from_the_stores_own_runtime_is_refused_not_deadlocked() {
-        let io = Arc::new(Io::new().unwrap());
+        let io = Arc::new(Bridge::new("test", "a test client").unwrap());
         let inner = io.clone();
         let got = io
             .run(async move { answer(&inner) })
