@@ -69,7 +69,7 @@ impl Failover {
         self.channels.len()
     }
 
-    /// Whether there are none (never, for a channel made by `agent::channel`).
+    /// Whether there are none (never, for a channel made by `connect::channel`).
     pub fn is_empty(&self) -> bool {
         self.channels.is_empty()
     }
