@@ -48,10 +48,24 @@ def module_path(rel: Path) -> list:
 
 
 def strip_comments(text: str) -> str:
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    text = re.sub(r"//[^\n]*", "", text)
-    # String literals may hold `crate::` in messages; drop them.
-    return re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
+    """Drops comments and empties string literals (which may hold `crate::`
+    in messages), in one pass so that a `//` inside a string (a URL) is not
+    taken for a comment, nor a `"` inside a comment for a string."""
+
+    def keep(m):
+        t = m.group(0)
+        if t.startswith('"'):
+            return '""'
+        if t.startswith("'"):
+            return "' '"
+        return ""
+
+    return re.sub(
+        r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\\n])\'|//[^\n]*|/\*.*?\*/',
+        keep,
+        text,
+        flags=re.S,
+    )
 
 
 def cfg_test_free(text: str) -> str:

@@ -27,6 +27,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets -q -- -D warnings
+echo "== one-way modules (scripts/check-modules.py, layers in ARCHITECTURE.md)"
+python3 scripts/check-modules.py
 echo "== alert rules (promtool)"
 promtool check rules scripts/monitoring/alerts.yml
 promtool test rules scripts/monitoring/alerts.test.yml

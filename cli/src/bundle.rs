@@ -11,7 +11,8 @@
 //! ```
 //!
 //! The files are hashed again at submit and must match the manifest, so a
-//! bundle damaged or edited after export is refused rather than rendered.
+//! bundle damaged or edited after export is refused rather than rendered;
+//! they are uploaded through [`crate::upload`], like a scene's.
 
 use std::path::{Path, PathBuf};
 
@@ -19,10 +20,10 @@ use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use tessera_proto as pb;
 
-use crate::client::{self, Client};
-use crate::commands::{say_uploaded, upload_entries};
-use crate::fileset::{self, Layout};
-use crate::JobArgs;
+use crate::client::Client;
+use crate::fileset::Layout;
+use crate::submit::check_frames;
+use crate::{upload, JobArgs};
 
 /// The manifest's `format` value.
 const FORMAT: &str = "tessera-bundle";
@@ -200,10 +201,10 @@ pub async fn submit(c: &mut Client, dir: &Path, args: &JobArgs, preview: bool) -
     }
     let job = m.job;
     let frames = args.frames.clone().unwrap_or(job.frames);
-    client::check_frames(&frames)?;
+    check_frames(&frames)?;
     // The check is the point: hash the bytes, never trust a size and mtime
     // that an edit can restore.
-    let entries = fileset::hash_all(&layout, &mut fileset::HashCache::none(), false).await?;
+    let entries = upload::hash_all(&layout, &mut upload::HashCache::none(), false).await?;
     for (e, want) in entries.iter().zip(layout.files.iter().map(|(rel, _)| {
         m.file_set
             .files
@@ -222,12 +223,12 @@ pub async fn submit(c: &mut Client, dir: &Path, args: &JobArgs, preview: bool) -
             );
         }
     }
-    let (digest, file_set, sent, count) = upload_entries(c, &layout, entries).await?;
-    say_uploaded(sent, count, layout.files.len());
+    let uploaded = upload::send(c, &layout, entries).await?;
+    uploaded.say(layout.files.len());
     let mut tags = job.tags;
     tags.extend(args.tag.iter().cloned());
     let spec = pb::JobSpec {
-        scene_digest: digest,
+        scene_digest: uploaded.scene,
         scene_name: if job.scene_name.is_empty() {
             layout
                 .scene
@@ -257,7 +258,7 @@ pub async fn submit(c: &mut Client, dir: &Path, args: &JobArgs, preview: bool) -
         device: job.device,
         min_vram_gb: job.min_vram_gb,
         tags,
-        file_set_digest: file_set.unwrap_or_default(),
+        file_set_digest: uploaded.file_set.unwrap_or_default(),
         features: {
             let mut features = if args.ignore_scene_features {
                 Vec::new()

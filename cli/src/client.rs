@@ -1,5 +1,6 @@
-//! Talking to a coordinator as a user: friendly errors, uploads, waiting with
-//! a progress bar, downloads.
+//! Talking to a coordinator as a user: friendly errors, job pages, waiting
+//! with a progress bar, downloads. Uploads are [`crate::upload`]'s; this
+//! module knows nothing of scenes, file sets or commands.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -7,12 +8,10 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use tessera_proto as pb;
-use tessera_worker::agent::{Access, Conn};
+use tessera_worker::connect::{Access, Conn};
 use tonic::Code;
 
-use tessera_coordinator::blendfile;
-use tessera_coordinator::model::frames::FrameSet;
-use tessera_worker::{agent, transfer};
+use tessera_worker::{connect, transfer};
 
 /// The largest reply the CLI decodes (a page of 10,000 tasks with failure
 /// messages of up to 10 KB fits).
@@ -35,7 +34,7 @@ pub struct Client {
 impl Client {
     /// A client of the coordinator at `url` (connects on first use).
     pub fn new(access: &Access) -> Result<Self> {
-        let channel = agent::channel(access)?;
+        let channel = connect::channel(access)?;
         Ok(Self {
             url: access.url.clone(),
             // Pages are capped by the coordinator; this leaves room for
@@ -72,25 +71,6 @@ impl Client {
             ),
             _ => anyhow!("{}", s.message()),
         }
-    }
-
-    /// Uploads `bytes` as blob `digest`.
-    pub async fn put_bytes(&mut self, digest: &str, bytes: Vec<u8>) -> Result<()> {
-        let size = bytes.len() as u64;
-        let chunk = pb::BlobChunk {
-            digest: digest.to_string(),
-            size,
-            data: bytes,
-        };
-        let deadline = tessera_worker::deadline::upload(size);
-        self.blobs
-            .put_blob(tessera_worker::deadline::request(
-                tokio_stream::iter(vec![chunk]),
-                deadline,
-            ))
-            .await
-            .map_err(|s| self.explain(s))?;
-        Ok(())
     }
 
     /// One job's summary with its first tasks (up to [`STATUS_TASKS`]).
@@ -153,62 +133,6 @@ impl Client {
             after = r.next_after;
         }
     }
-}
-
-/// Checks that `path` is a Blender file, by its header.
-pub fn check_scene(path: &Path) -> Result<()> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut file = std::fs::File::open(path)
-        .with_context(|| format!("cannot open scene {}", path.display()))?;
-    let mut head = Vec::with_capacity(12);
-    (&mut file)
-        .take(12)
-        .read_to_end(&mut head)
-        .with_context(|| format!("cannot read scene {}", path.display()))?;
-    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut tail = Vec::with_capacity(blendfile::TAIL);
-    file.seek(SeekFrom::Start(size.saturating_sub(blendfile::TAIL as u64)))
-        .and_then(|_| file.read_to_end(&mut tail))
-        .with_context(|| format!("cannot read scene {}", path.display()))?;
-    blendfile::check_end(&head, &tail).map_err(|e| anyhow!("{} {e}", path.display()))?;
-    Ok(())
-}
-
-/// What the CLI reads from a scene with Blender.
-#[derive(Debug, Clone)]
-pub struct SceneFacts {
-    /// The frame range in frame-set syntax (`1-250`, `1-250x2`).
-    pub frames: String,
-    /// Output size, resolution percentage applied.
-    pub width: u32,
-    /// Output height.
-    pub height: u32,
-    /// Blender's output format name (`PNG`, `OPEN_EXR`, ...).
-    pub file_format: String,
-    /// Frames per second (fps / fps_base); 0 when not read.
-    pub fps: f64,
-}
-
-impl From<&crate::fileset::Facts> for SceneFacts {
-    fn from(f: &crate::fileset::Facts) -> Self {
-        Self {
-            frames: match f.frame_step {
-                0 | 1 => format!("{}-{}", f.frame_start, f.frame_end),
-                s => format!("{}-{}x{s}", f.frame_start, f.frame_end),
-            },
-            width: f.width,
-            height: f.height,
-            file_format: f.file_format.clone(),
-            fps: f.fps,
-        }
-    }
-}
-
-/// Validates the frame set here, for an early and clear error.
-pub fn check_frames(frames: &str) -> Result<()> {
-    FrameSet::check(frames)
-        .map(drop)
-        .map_err(|e| anyhow!("{e}"))
 }
 
 /// A progress bar for a job, on stderr.
@@ -290,7 +214,7 @@ pub async fn wait(client: &mut Client, id: u64) -> Result<pb::JobView> {
             }
             Err(s) => s,
         };
-        if !agent::transient(&failure) {
+        if !connect::transient(&failure) {
             return Err(client.explain(failure));
         }
         let since = *unreachable_since.get_or_insert_with(std::time::Instant::now);

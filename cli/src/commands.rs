@@ -1,50 +1,16 @@
-//! One function per subcommand.
+//! The top of the CLI: runs the parsed command line, one arm per
+//! subcommand, with the small commands (jobs, status, cancel, users, ...)
+//! written here and the larger ones in their own modules. Nothing below
+//! names this module.
 
-use std::time::Duration;
-
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use tessera_proto as pb;
+use tessera_worker::connect::Access;
 
+use crate::access::{access, token_on_command_line};
 use crate::client::{self, Client};
-use crate::fileset;
-pub use crate::serve::render_mode;
-use crate::serve::{coordinator, worker};
-use crate::{
-    show, BlenderCommand, Cli, Command, DoctorArgs, DoctorSide, JobArgs, SubmitArgs, UsersCommand,
-};
-use tessera_worker::agent::Access;
-
-/// Where the CLI looks for a token when neither --token nor $TESSERA_TOKEN is set.
-pub fn token_file() -> Option<std::path::PathBuf> {
-    let base = std::env::var_os("XDG_CONFIG_HOME")
-        .map(std::path::PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".config"))
-        })?;
-    Some(base.join("tessera").join("token"))
-}
-
-/// The coordinator's address, token and CA from the command line, the
-/// environment and the config file.
-pub fn access(url: &str, token: Option<String>, ca: Option<&std::path::Path>) -> Result<Access> {
-    let token = token.filter(|t| !t.trim().is_empty()).or_else(|| {
-        let path = token_file()?;
-        let t = std::fs::read_to_string(path).ok()?;
-        Some(t.trim().to_string()).filter(|t| !t.is_empty())
-    });
-    let ca = match ca {
-        Some(p) => Some(
-            std::fs::read(p)
-                .with_context(|| format!("cannot read the CA certificate {}", p.display()))?,
-        ),
-        None => None,
-    };
-    Ok(Access {
-        url: url.to_string(),
-        token,
-        ca,
-    })
-}
+use crate::{fileset, show, submit, upload};
+use crate::{BlenderCommand, Cli, Command, DoctorArgs, DoctorSide, SubmitArgs, UsersCommand};
 
 async fn users(url: &Access, cmd: UsersCommand) -> Result<()> {
     let mut c = Client::new(url)?;
@@ -87,12 +53,6 @@ async fn users(url: &Access, cmd: UsersCommand) -> Result<()> {
     Ok(())
 }
 
-/// Whether `--token` was given as an argument rather than by the environment
-/// or a file.
-pub fn token_on_command_line() -> bool {
-    std::env::args().any(|a| a == "--token" || a.starts_with("--token="))
-}
-
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> Result<()> {
     let url = access(&cli.coordinator, cli.token.clone(), cli.ca.as_deref())?;
@@ -110,8 +70,8 @@ pub async fn run(cli: Cli) -> Result<()> {
     }
     match cli.command {
         Command::Coordinator(args) if args.status => crate::ha::status(&url).await,
-        Command::Coordinator(args) => coordinator(args).await,
-        Command::Worker(args) => worker(&url, args).await,
+        Command::Coordinator(args) => crate::serve::coordinator(args).await,
+        Command::Worker(args) => crate::worker::run(&url, args).await,
         Command::Submit(args) => submit(&url, args).await,
         Command::Deps {
             scene,
@@ -121,7 +81,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Users(cmd) => users(&url, cmd).await,
         // Printed by main before any runtime or connection starts.
         Command::Config(_) => Ok(()),
-        Command::Hash { files, stdin } => fileset::hash_command(files, stdin).await,
+        Command::Hash { files, stdin } => upload::hash_command(files, stdin).await,
         Command::Jobs(j) => {
             let mut c = Client::new(&url)?;
             let jobs = c.jobs(j.archived).await?;
@@ -357,216 +317,6 @@ pub async fn run(cli: Cli) -> Result<()> {
     }
 }
 
-/// Resolves when SIGINT or SIGTERM arrives.
-pub async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("signal handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-}
-
-/// A checked submission: the frame set, the scene's facts when read, and
-/// its files laid out under the job root.
-pub struct Prepared {
-    /// The scene file.
-    pub scene: std::path::PathBuf,
-    frames: String,
-    facts: Option<client::SceneFacts>,
-    layout: fileset::Layout,
-    /// Blender features the scene needs.
-    features: Vec<String>,
-    /// Make a preview video when the job is done (`submit --preview`).
-    pub preview: bool,
-}
-
-impl Prepared {
-    /// The features the scene needs that `have` lacks, by their display names.
-    pub fn lacking(&self, have: &[String]) -> Vec<String> {
-        self.features
-            .iter()
-            .filter(|f| !have.contains(f))
-            .map(|f| {
-                tessera_coordinator::model::hardware::FEATURES
-                    .iter()
-                    .find(|(k, _)| k == f)
-                    .map_or(f.clone(), |(_, name)| name.to_string())
-            })
-            .collect()
-    }
-}
-
-/// Checks the scene, frames and tiles; reads the scene with Blender when the
-/// frames are not given or the job is tiled (tiles need the frame size).
-pub async fn prepare(job: &JobArgs) -> Result<Prepared> {
-    let Some(scene) = job.scene.clone() else {
-        bail!("give the .blend scene to render (or, for `submit`, --bundle DIR)");
-    };
-    client::check_scene(&scene)?;
-    if job.chunk < 1 {
-        bail!(
-            "--chunk {} is not a frame count; use 1 or more frames per task",
-            job.chunk
-        );
-    }
-    let grid: tessera_coordinator::model::tiles::Grid =
-        job.tiles.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
-    // One Blender start reads the scene's files and facts; an unchanged
-    // scene is not read again (see `fileset::trace_cached`). It is read by
-    // a Blender of this machine that reads what saved it.
-    let local = crate::runtimes::local(&job.reader()).await?;
-    let reader = crate::runtimes::choose(&local, &scene, job.requirement()?)?;
-    let trace = fileset::trace_cached(&reader.runtime, &scene).await?;
-    let facts = trace.facts.as_ref().map(client::SceneFacts::from);
-    let frames = match (&job.frames, &facts) {
-        (Some(f), _) => f.clone(),
-        (None, Some(facts)) => facts.frames.clone(),
-        (None, None) => bail!("Blender did not report the scene's frame range; pass --frames"),
-    };
-    if grid.count() > 1 && facts.is_none() {
-        bail!("Blender did not report the scene's resolution, which tiles need; submit without --tiles");
-    }
-    client::check_frames(&frames)?;
-    if let Some(f) = facts.as_ref().filter(|_| grid.count() > 1) {
-        tessera_coordinator::model::tiles::split(f.width, f.height, grid, u32::MAX)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-    }
-    let layout = fileset::layout(&scene, &trace, &job.shared)?;
-    if !layout.missing.is_empty() && !job.allow_missing {
-        bail!(
-            "the scene refers to {} file(s) that do not exist:\n  {}\nput them back, fix the paths in Blender, or submit with --allow-missing to render without them",
-            layout.missing.len(),
-            layout.missing.join("\n  ")
-        );
-    }
-    Ok(Prepared {
-        scene,
-        frames,
-        facts,
-        layout,
-        features: {
-            let mut features = if job.ignore_scene_features {
-                Vec::new()
-            } else {
-                fileset::features(&trace)
-            };
-            if job.scene_python {
-                features.push(tessera_coordinator::model::hardware::SCENE_PYTHON.to_string());
-            }
-            features
-        },
-        preview: false,
-    })
-}
-
-/// Hashes the scene's files and uploads those the coordinator lacks; returns
-/// the scene's digest, the file set's digest (None for a self-contained
-/// scene), and the bytes and files sent.
-async fn upload_files(
-    c: &mut Client,
-    layout: &fileset::Layout,
-) -> Result<(String, Option<String>, u64, usize)> {
-    let mut cache = fileset::HashCache::load();
-    let entries = fileset::hash_all(layout, &mut cache, false).await?;
-    cache.save();
-    upload_entries(c, layout, entries).await
-}
-
-/// Uploads the hashed files of `layout` (and its file set) that the
-/// coordinator lacks; returns what [`upload_files`] does.
-pub async fn upload_entries(
-    c: &mut Client,
-    layout: &fileset::Layout,
-    entries: Vec<pb::FileEntry>,
-) -> Result<(String, Option<String>, u64, usize)> {
-    let scene = entries[0].digest.clone();
-    let self_contained =
-        entries.len() == 1 && layout.mappings.is_empty() && layout.missing.is_empty();
-    let manifest = (!self_contained).then(|| fileset::manifest(layout, entries.clone()));
-    let manifest_digest = manifest
-        .as_ref()
-        .map(|m| blake3::hash(m).to_hex().to_string());
-    let mut digests: Vec<String> = entries
-        .iter()
-        .filter(|e| e.shared.is_empty())
-        .map(|e| e.digest.clone())
-        .collect();
-    digests.extend(manifest_digest.clone());
-    let lacking = fileset::missing(c, digests).await?;
-    let (sent, count) = fileset::upload(c, layout, &entries, &lacking, false).await?;
-    if let (Some(m), Some(d)) = (manifest, &manifest_digest) {
-        if lacking.contains(d) {
-            c.put_bytes(d, m).await?;
-        }
-    }
-    Ok((scene, manifest_digest, sent, count))
-}
-
-/// Says what an upload of `files` files sent.
-pub fn say_uploaded(sent: u64, count: usize, files: usize) {
-    match (sent, files) {
-        (0, 1) => eprintln!("scene already on the coordinator; 0 bytes uploaded"),
-        (0, n) => eprintln!(
-            "scene and its {} file(s) already on the coordinator; 0 bytes uploaded",
-            n - 1
-        ),
-        (b, 1) => eprintln!("uploaded scene: {b} bytes"),
-        (b, n) => {
-            eprintln!("uploaded {count} of {n} file(s) (the scene and what it uses): {b} bytes")
-        }
-    }
-}
-
-/// Uploads and submits; returns the job id.
-pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Result<u64> {
-    let (digest, file_set, sent, count) = upload_files(c, &prepared.layout).await?;
-    say_uploaded(sent, count, prepared.layout.files.len());
-    let name = prepared
-        .scene
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "scene.blend".into());
-    let spec = pb::JobSpec {
-        scene_digest: digest,
-        scene_name: name,
-        frames: prepared.frames,
-        chunk: u32::try_from(job.chunk).unwrap_or(u32::MAX),
-        priority: job.priority,
-        max_attempts: job.max_attempts.unwrap_or(0),
-        tiles: job.tiles.clone(),
-        overscan: Some(job.overscan),
-        scene_info: prepared.facts.map(|f| pb::SceneInfo {
-            width: f.width,
-            height: f.height,
-            file_format: f.file_format,
-            fps: f.fps,
-        }),
-        device: job.device.clone(),
-        min_vram_gb: job.min_vram,
-        tags: job.tag.clone(),
-        file_set_digest: file_set.unwrap_or_default(),
-        features: prepared.features.clone(),
-        blender: job
-            .requirement()?
-            .map(|r| r.to_string())
-            .unwrap_or_default(),
-        after: job.after.clone(),
-        max_cost: job.max_cost,
-        capacity: job.capacity.clone(),
-        preview: prepared.preview,
-        verify: job.verify,
-    };
-    let id = c
-        .farm
-        .submit_job(spec)
-        .await
-        .map_err(|s| c.explain(s))?
-        .into_inner()
-        .job_id;
-    Ok(id)
-}
-
 /// `tessera deps`: the files a scene needs, and which the coordinator has.
 async fn deps(
     url: &Access,
@@ -574,17 +324,17 @@ async fn deps(
     blender: &std::path::Path,
     json: bool,
 ) -> Result<()> {
-    client::check_scene(scene)?;
+    submit::check_scene(scene)?;
     let local = crate::runtimes::local(blender).await?;
     let reader = crate::runtimes::choose(&local, scene, None)?;
     let trace = fileset::trace_cached(&reader.runtime, scene).await?;
     let layout = fileset::layout(scene, &trace, &[])?;
-    let mut cache = fileset::HashCache::load();
-    let entries = fileset::hash_all(&layout, &mut cache, true).await?;
+    let mut cache = upload::HashCache::load();
+    let entries = upload::hash_all(&layout, &mut cache, true).await?;
     cache.save();
     // Whether the coordinator has each file, when it can be asked.
     let lacking = match Client::new(url) {
-        Ok(mut c) => fileset::missing(&mut c, entries.iter().map(|e| e.digest.clone()).collect())
+        Ok(mut c) => upload::missing(&mut c, entries.iter().map(|e| e.digest.clone()).collect())
             .await
             .map_err(|e| tracing::debug!("cannot ask the coordinator: {e:#}"))
             .ok(),
@@ -598,9 +348,9 @@ async fn submit(url: &Access, args: SubmitArgs) -> Result<()> {
     let id = match &args.bundle {
         Some(dir) => crate::bundle::submit(&mut c, dir, &args.job, args.preview).await?,
         None => {
-            let mut frames = prepare(&args.job).await?;
+            let mut frames = submit::prepare(&args.job).await?;
             frames.preview = args.preview;
-            submit_job(&mut c, &args.job, frames).await?
+            submit::submit_job(&mut c, &args.job, frames).await?
         }
     };
     println!("{id}");
@@ -620,11 +370,6 @@ async fn submit(url: &Access, args: SubmitArgs) -> Result<()> {
     Ok(())
 }
 
-/// Gives a background task a moment to finish after its shutdown signal.
-pub async fn settle<T>(handle: tokio::task::JoinHandle<T>) {
-    let _ = tokio::time::timeout(Duration::from_secs(5), handle).await;
-}
-
 /// `tessera doctor` and `tessera doctor coordinator`.
 async fn doctor(mut url: Access, args: DoctorArgs) -> Result<()> {
     use crate::doctor;
@@ -639,7 +384,7 @@ async fn doctor(mut url: Access, args: DoctorArgs) -> Result<()> {
         .await;
     }
     if let Some(path) = &args.token_file {
-        url.token = Some(crate::serve::read_token_file(path)?);
+        url.token = Some(crate::access::read_token_file(path)?);
     }
     doctor::worker(doctor::WorkerChecks {
         access: &url,

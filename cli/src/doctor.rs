@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use tessera_proto as pb;
-use tessera_worker::agent::Access;
+use tessera_worker::connect::Access;
 use tonic::Code;
 
 /// Below this many open files a busy worker or coordinator runs out.
@@ -117,7 +117,7 @@ async fn coordinator_reachable(r: &mut Report, access: &Access) {
             "no token; set $TESSERA_TOKEN, pass --token-file FILE, or put it in ~/.config/tessera/token",
         );
     }
-    let channel = match tessera_worker::agent::channel(access) {
+    let channel = match tessera_worker::connect::channel(access) {
         Ok(c) => c,
         Err(e) => {
             r.line(Level::Fail, "coordinator", format!("{e:#}"));
@@ -367,7 +367,7 @@ pub async fn coordinator(c: CoordinatorChecks<'_>) -> Result<()> {
         ),
     }
     match c.store.map(str::trim) {
-        Some(url) if crate::ha::is_postgres(url) => postgres(&mut r, url).await,
+        Some(url) if crate::setup::is_postgres(url) => postgres(&mut r, url).await,
         None | Some("") | Some("sled") => sled(&mut r, &c.data.join("db")),
         Some(other) => r.line(
             Level::Fail,

@@ -1,27 +1,21 @@
 //! A job's file set, built at submit: the scene's external files are traced
 //! with Blender itself (`blender/deps.py`: Blender already knows every kind of
 //! path a scene can hold, through linked libraries, and a `.blend` reader in
-//! Rust would have to track every DNA version to do the same), laid out under
-//! the job root, hashed with blake3 (with a cache keyed by path, size and
-//! modification time), and uploaded when the coordinator lacks them.
+//! Rust would have to track every DNA version to do the same) and laid out
+//! under the job root. Hashing and uploading them is [`crate::upload`]'s.
 //!
 //! The job root mirrors the artist's folders from the deepest folder holding
 //! the scene and every file it uses, so relative (`//`) paths, even ones that
 //! climb above the scene's folder, resolve unchanged on a worker. Absolute
 //! paths are listed as mappings to the same file under the root; the worker's
 //! Blender session rewrites them at load. The artist's files are never
-//! modified.
+//! modified. Knows nothing of the coordinator.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
-use prost::Message;
 use serde::{Deserialize, Serialize};
-use tessera_proto as pb;
-
-use crate::client::Client;
 
 /// The tracing script, written next to a temporary file when run.
 const DEPS_SCRIPT: &str = include_str!("../../blender/deps.py");
@@ -67,6 +61,36 @@ pub struct Facts {
     /// Frames per second (fps / fps_base); 0 when not read.
     #[serde(default)]
     pub fps: f64,
+}
+
+/// What the CLI reads from a scene with Blender, in the form a job takes it.
+#[derive(Debug, Clone)]
+pub struct SceneFacts {
+    /// The frame range in frame-set syntax (`1-250`, `1-250x2`).
+    pub frames: String,
+    /// Output size, resolution percentage applied.
+    pub width: u32,
+    /// Output height.
+    pub height: u32,
+    /// Blender's output format name (`PNG`, `OPEN_EXR`, ...).
+    pub file_format: String,
+    /// Frames per second (fps / fps_base); 0 when not read.
+    pub fps: f64,
+}
+
+impl From<&Facts> for SceneFacts {
+    fn from(f: &Facts) -> Self {
+        Self {
+            frames: match f.frame_step {
+                0 | 1 => format!("{}-{}", f.frame_start, f.frame_end),
+                s => format!("{}-{}x{s}", f.frame_start, f.frame_end),
+            },
+            width: f.width,
+            height: f.height,
+            file_format: f.file_format.clone(),
+            fps: f.fps,
+        }
+    }
 }
 
 /// A trace remembered with what it depended on: the files it found (size
@@ -373,275 +397,12 @@ pub fn layout(scene: &Path, trace: &Trace, shared: &[PathBuf]) -> Result<Layout>
     Ok(out)
 }
 
-/// A remembered digest: valid while the file keeps its size and mtime.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Known {
-    size: u64,
-    mtime_ns: i128,
-    digest: String,
-}
-
-/// Digests of files hashed before, in `~/.cache/tessera/hashes.json`.
-#[derive(Debug, Default)]
-pub struct HashCache {
-    path: Option<PathBuf>,
-    known: HashMap<PathBuf, Known>,
-    changed: bool,
-}
-
-impl HashCache {
-    /// Loads the cache (an unreadable one is started afresh).
-    pub fn load() -> Self {
-        let path = cache_dir().map(|d| d.join("hashes.json"));
-        let known = path
-            .as_ref()
-            .and_then(|p| std::fs::read(p).ok())
-            .and_then(|b| serde_json::from_slice::<Vec<(PathBuf, Known)>>(&b).ok())
-            .map(|v| v.into_iter().collect())
-            .unwrap_or_default();
-        Self {
-            path,
-            known,
-            changed: false,
-        }
-    }
-
-    /// An empty cache that is never saved: every file is read and hashed,
-    /// for checks that must not trust a size and mtime.
-    pub fn none() -> Self {
-        Self::default()
-    }
-
-    /// Saves the cache if anything changed; failures only cost speed.
-    pub fn save(&self) {
-        let Some(path) = self.path.as_ref().filter(|_| self.changed) else {
-            return;
-        };
-        let list: Vec<(&PathBuf, &Known)> = self.known.iter().collect();
-        let write = || -> std::io::Result<()> {
-            std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
-            let tmp = path.with_extension("json.tmp");
-            std::fs::write(&tmp, serde_json::to_vec(&list)?)?;
-            std::fs::rename(&tmp, path)
-        };
-        if let Err(e) = write() {
-            tracing::debug!("cannot save the hash cache {}: {e}", path.display());
-        }
-    }
-}
-
-fn mtime_ns(m: &std::fs::Metadata) -> i128 {
+/// A file's modification time in nanoseconds since the epoch (0 when unknown).
+pub fn mtime_ns(m: &std::fs::Metadata) -> i128 {
     m.modified()
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_nanos() as i128)
-}
-
-/// Hashes every file of `layout` (reusing `cache` where a file is
-/// unchanged), in parallel, with a progress bar; returns the entries.
-pub async fn hash_all(
-    layout: &Layout,
-    cache: &mut HashCache,
-    quiet: bool,
-) -> Result<Vec<pb::FileEntry>> {
-    use std::os::unix::fs::PermissionsExt;
-    let mut entries = Vec::with_capacity(layout.files.len());
-    let mut todo = Vec::new();
-    for (i, (rel, path)) in layout.files.iter().enumerate() {
-        let meta =
-            std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
-        if !meta.is_file() {
-            bail!(
-                "{} is not a regular file; the scene must refer to files",
-                path.display()
-            );
-        }
-        let mode = if meta.permissions().mode() & 0o111 != 0 {
-            0o755
-        } else {
-            0o644
-        };
-        let digest = cache
-            .known
-            .get(path)
-            .filter(|k| k.size == meta.len() && k.mtime_ns == mtime_ns(&meta) && k.mtime_ns != 0)
-            .map(|k| k.digest.clone());
-        if digest.is_none() && !layout.is_shared(path) {
-            todo.push((i, path.clone(), meta.len(), mtime_ns(&meta)));
-        }
-        if layout.is_shared(path) {
-            // On shared storage: listed, not hashed or sent.
-            entries.push(pb::FileEntry {
-                path: rel.clone(),
-                digest: String::new(),
-                size: meta.len(),
-                mode,
-                shared: path.to_string_lossy().into_owned(),
-            });
-            continue;
-        }
-        entries.push(pb::FileEntry {
-            path: rel.clone(),
-            digest: digest.unwrap_or_default(),
-            size: meta.len(),
-            mode,
-            shared: String::new(),
-        });
-    }
-    let total: u64 = todo.iter().map(|t| t.2).sum();
-    let bar = bytes_bar(total, "hashing", quiet || todo.is_empty());
-    let parallel = std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .min(8);
-    let results = futures_lite_map(todo, parallel, |(i, path, size, mtime)| {
-        let bar = bar.clone();
-        async move {
-            let (digest, _) = tessera_worker::transfer::hash_file(&path).await?;
-            bar.inc(size);
-            Ok::<_, tessera_worker::Error>((i, path, size, mtime, digest))
-        }
-    })
-    .await;
-    bar.finish_and_clear();
-    for r in results {
-        let (i, path, size, mtime_ns, digest) = r?;
-        entries[i].digest = digest.clone();
-        cache.known.insert(
-            path,
-            Known {
-                size,
-                mtime_ns,
-                digest,
-            },
-        );
-        cache.changed = true;
-    }
-    Ok(entries)
-}
-
-/// Runs `f` over `items`, at most `n` at a time; results in any order.
-async fn futures_lite_map<T, R, F, Fut>(items: Vec<T>, n: usize, f: F) -> Vec<R>
-where
-    T: Send + 'static,
-    R: Send + 'static,
-    F: Fn(T) -> Fut,
-    Fut: std::future::Future<Output = R> + Send + 'static,
-{
-    let mut set = tokio::task::JoinSet::new();
-    let mut out = Vec::with_capacity(items.len());
-    for item in items {
-        while set.len() >= n.max(1) {
-            if let Some(r) = set.join_next().await {
-                out.push(r.expect("task panicked"));
-            }
-        }
-        set.spawn(f(item));
-    }
-    while let Some(r) = set.join_next().await {
-        out.push(r.expect("task panicked"));
-    }
-    out
-}
-
-fn bytes_bar(total: u64, what: &str, hidden: bool) -> ProgressBar {
-    if hidden {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(total);
-    bar.set_style(
-        ProgressStyle::with_template(&format!(
-            "{what} {{bar:30}} {{bytes}}/{{total_bytes}} {{bytes_per_sec}} {{eta}}"
-        ))
-        .expect("valid template"),
-    );
-    bar
-}
-
-/// The encoded FileSet message of `layout` with `entries`.
-pub fn manifest(layout: &Layout, entries: Vec<pb::FileEntry>) -> Vec<u8> {
-    pb::FileSet {
-        scene: layout.scene.clone(),
-        files: entries,
-        mappings: layout
-            .mappings
-            .iter()
-            .map(|(from, to)| pb::PathMapping {
-                from: from.clone(),
-                to: to.clone(),
-            })
-            .collect(),
-        missing: layout.missing.clone(),
-    }
-    .encode_to_vec()
-}
-
-/// Which of `digests` the coordinator lacks (for this user).
-pub async fn missing(
-    c: &mut Client,
-    digests: Vec<String>,
-) -> Result<std::collections::HashSet<String>> {
-    let mut out = std::collections::HashSet::new();
-    // Batches keep each message well under the gRPC size limit.
-    for batch in digests.chunks(10_000) {
-        let m = c
-            .blobs
-            .missing_blobs(pb::MissingBlobsRequest {
-                digests: batch.to_vec(),
-            })
-            .await
-            .map_err(|s| c.explain(s))?
-            .into_inner()
-            .missing;
-        out.extend(m);
-    }
-    Ok(out)
-}
-
-/// Uploads the files of `layout` whose digests are in `lacking`, in
-/// parallel with a progress bar; returns the bytes and files sent.
-pub async fn upload(
-    c: &mut Client,
-    layout: &Layout,
-    entries: &[pb::FileEntry],
-    lacking: &std::collections::HashSet<String>,
-    quiet: bool,
-) -> Result<(u64, usize)> {
-    let mut seen = std::collections::HashSet::new();
-    let todo: Vec<(PathBuf, String, u64)> = layout
-        .files
-        .iter()
-        .zip(entries)
-        .filter(|(_, e)| lacking.contains(&e.digest) && seen.insert(e.digest.clone()))
-        .map(|((_, p), e)| (p.clone(), e.digest.clone(), e.size))
-        .collect();
-    let total: u64 = todo.iter().map(|t| t.2).sum();
-    let count = todo.len();
-    let bar = bytes_bar(total, "uploading", quiet || todo.is_empty());
-    let blobs = c.blobs.clone();
-    let results = futures_lite_map(todo, 4, |(path, digest, size)| {
-        let (mut blobs, bar) = (blobs.clone(), bar.clone());
-        async move {
-            let r = tessera_worker::transfer::put_file(&mut blobs, &path, &digest, size).await;
-            bar.inc(size);
-            r.map_err(|e| (path, e))
-        }
-    })
-    .await;
-    bar.finish_and_clear();
-    let mut sent = 0;
-    for r in results {
-        match r {
-            Ok(n) => sent += n,
-            Err((path, tessera_worker::Error::Rpc(s))) => {
-                return Err(c.explain(s))
-                    .with_context(|| format!("cannot upload {}", path.display()))
-            }
-            Err((path, e)) => {
-                return Err(anyhow!(e)).with_context(|| format!("cannot upload {}", path.display()))
-            }
-        }
-    }
-    Ok((sent, count))
 }
 
 /// The Blender features a traced scene needs (see the coordinator's
@@ -658,32 +419,4 @@ pub fn features(trace: &Trace) -> Vec<String> {
         out.push("eevee".to_string());
     }
     out
-}
-
-/// `tessera hash`: one JSON line per file, `{"path", "digest", "size"}`.
-/// Every file is read: the add-on writes bundle manifests with it, and a
-/// manifest must say what the bytes are, not what a cache remembers.
-pub async fn hash_command(mut files: Vec<PathBuf>, stdin: bool) -> Result<()> {
-    if stdin {
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
-            .context("cannot read paths from standard input")?;
-        files.extend(text.lines().filter(|l| !l.is_empty()).map(PathBuf::from));
-    }
-    let layout = Layout {
-        files: files
-            .iter()
-            .map(|p| (p.to_string_lossy().into_owned(), p.clone()))
-            .collect(),
-        ..Default::default()
-    };
-    let entries = hash_all(&layout, &mut HashCache::none(), true).await?;
-    let mut out = String::new();
-    for ((path, _), e) in layout.files.iter().zip(&entries) {
-        let line = serde_json::json!({"path": path, "digest": e.digest, "size": e.size});
-        out.push_str(&line.to_string());
-        out.push('\n');
-    }
-    print!("{out}");
-    Ok(())
 }

@@ -9,17 +9,12 @@ use anyhow::{bail, Context, Result};
 use tessera_coordinator::ha::{self, standby, Election};
 use tessera_coordinator::store::PgStore;
 use tessera_proto as pb;
-use tessera_worker::agent::{self, Access};
+use tessera_worker::connect::{self, Access};
 use tokio::net::TcpListener;
 
-use crate::commands::shutdown_signal;
-use crate::serve::{announce, bind, say_admin_token};
+use crate::setup::{announce, bind, connection_limits, open_blobs, say_admin_token};
+use crate::shutdown::shutdown_signal;
 use crate::CoordinatorArgs;
-
-/// Whether `--store` names a PostgreSQL database.
-pub fn is_postgres(store: &str) -> bool {
-    store.starts_with("postgres://") || store.starts_with("postgresql://")
-}
 
 /// Starts with the active coordinator when `access` lists several.
 pub async fn find_active(access: &Access) {
@@ -29,8 +24,8 @@ pub async fn find_active(access: &Access) {
     if addresses.len() < 2 {
         return;
     }
-    if let Ok(conn) = agent::channel(access) {
-        tessera_worker::failover::find_active(conn, addresses.len()).await;
+    if let Ok(conn) = connect::channel(access) {
+        connect::find_active(conn, addresses.len()).await;
     }
 }
 
@@ -74,7 +69,7 @@ pub async fn coordinator(
             .await
             .context("the store's start panicked")??
     };
-    let limits = crate::serve::connection_limits(args)?;
+    let limits = connection_limits(args)?;
     let (listener, http) = bind(args).await?;
     let addr = listener.local_addr()?;
     let http_addr = http.as_ref().map(|h| h.local_addr()).transpose()?;
@@ -86,7 +81,7 @@ pub async fn coordinator(
         Election::connect(&url, &holder, &advertise, failover, store.health_handle()).await?;
     let grpc = listener.into_std()?;
     let http = http.map(|h| h.into_std()).transpose()?;
-    let blobs = crate::serve::open_blobs(args, config.max_upload)?;
+    let blobs = open_blobs(args, config.max_upload)?;
     // One stop signal for every term and standby spell.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -244,7 +239,7 @@ pub async fn status(access: &Access) -> Result<()> {
             url: url.clone(),
             ..access.clone()
         };
-        let mut blobs = pb::blobs_client::BlobsClient::new(agent::channel(&one)?);
+        let mut blobs = pb::blobs_client::BlobsClient::new(connect::channel(&one)?);
         let probe = blobs.missing_blobs(pb::MissingBlobsRequest { digests: vec![] });
         let role = match tokio::time::timeout(Duration::from_secs(5), probe).await {
             Err(_) => "unreachable (no answer within 5 s)".to_string(),

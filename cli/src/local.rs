@@ -11,9 +11,10 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::client::{self, Client};
-use crate::commands::{prepare, settle, submit_job};
+use crate::shutdown::{settle, shutdown_signal};
+use crate::submit::{prepare, submit_job};
 use crate::RenderArgs;
-use tessera_worker::agent::Access;
+use tessera_worker::connect::Access;
 
 /// The user the embedded farm's own token belongs to.
 const LOCAL_USER: &str = "tessera-render";
@@ -126,7 +127,7 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         test_corrupt_pixel: false,
         allow_scene_python: args.job.scene_python,
     };
-    let mode = crate::commands::render_mode(args.fresh_process, 60.0)?;
+    let mode = crate::worker::render_mode(args.fresh_process, 60.0)?;
     let worker = tokio::spawn(tessera_worker::agent::run_blender(
         config,
         mode,
@@ -137,7 +138,7 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         let id = submit_job(&mut c, &args.job, frames).await?;
         let job = tokio::select! {
             j = client::wait(&mut c, id) => j?,
-            _ = crate::commands::shutdown_signal() => anyhow::bail!("interrupted"),
+            _ = shutdown_signal() => anyhow::bail!("interrupted"),
         };
         let fetched = client::fetch(&mut c, &job, &args.output).await?;
         Ok::<_, anyhow::Error>(fetched)

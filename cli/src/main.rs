@@ -3,6 +3,7 @@
 
 #![recursion_limit = "256"]
 
+mod access;
 mod bundle;
 mod client;
 mod commands;
@@ -14,8 +15,12 @@ mod local;
 mod preview;
 mod runtimes;
 mod serve;
+mod setup;
 mod show;
-mod show_verify;
+mod shutdown;
+mod submit;
+mod upload;
+mod worker;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

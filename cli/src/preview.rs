@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use tessera_proto as pb;
-use tessera_worker::agent::Access;
+use tessera_worker::connect::Access;
 use tessera_worker::transfer;
 
 use crate::client::{self, Client};

@@ -1,9 +1,14 @@
-//! Human tables and JSON for jobs and workers.
+//! Human tables and JSON for jobs, workers and a scene's files, with what
+//! verification adds (render statistics, untrusted and suspect workers).
+//! Prints what it is given; calls no coordinator.
 
 use serde_json::{json, Value};
 use tessera_proto as pb;
 
 use tessera_proto::json::{job_state, task_state};
+
+use crate::client::frame_count;
+use crate::fileset::Layout;
 
 fn age(ms: u64) -> String {
     let now = std::time::SystemTime::now()
@@ -57,7 +62,7 @@ pub fn jobs(jobs: &[pb::JobView]) {
                 } else {
                     job_state(j.state)
                 },
-                format!("{}/{}", crate::client::frame_count(j), j.frames_total),
+                format!("{}/{}", frame_count(j), j.frames_total),
                 j.frames.clone(),
                 j.priority.to_string(),
                 j.scene_name.clone(),
@@ -94,7 +99,7 @@ pub fn job(j: &pb::JobView) {
     println!(
         "  frames    {}  ({} done of {})",
         j.frames,
-        crate::client::frame_count(j),
+        frame_count(j),
         j.frames_total
     );
     println!(
@@ -268,7 +273,7 @@ pub fn job(j: &pb::JobView) {
     if (j.tasks.len() as u32) < j.tasks_total {
         println!("  (the first {} of {} tasks)", j.tasks.len(), j.tasks_total);
     }
-    crate::show_verify::job(j);
+    verification(j);
 }
 
 /// A worker's Blenders: `4.5.15 bpy (openimagedenoise, eevee) · 3.4.1`.
@@ -304,7 +309,7 @@ pub fn workers(workers: &[pb::WorkerView]) {
             vec![
                 w.id.clone(),
                 w.name.clone(),
-                crate::show_verify::state(w),
+                worker_state(w),
                 format!("{}/{}", w.tasks_running, w.slots),
                 if w.price_per_hour > 0.0 {
                     format!("{} {:.2}/h", w.capacity, w.price_per_hour)
@@ -371,13 +376,90 @@ pub fn workers(workers: &[pb::WorkerView]) {
     for w in workers.iter().filter(|w| !w.drain_reason.is_empty()) {
         println!("{} is draining: {}", w.id, w.drain_reason);
     }
-    crate::show_verify::suspects(workers);
+    suspects(workers);
+}
+
+// What `status` and `workers` show of verifiable frames: per-frame render
+// statistics (moved out of the images by the workers), verification, and
+// untrusted or suspect workers.
+
+/// Seconds with two decimals, from ms (`-` when Blender said nothing).
+fn secs(ms: u64) -> String {
+    if ms == 0 {
+        "-".into()
+    } else {
+        format!("{:.2} s", ms as f64 / 1000.0)
+    }
+}
+
+/// MiB with one decimal (`-` when Blender said nothing).
+fn mib(bytes: u64) -> String {
+    if bytes == 0 {
+        "-".into()
+    } else {
+        format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20))
+    }
+}
+
+/// The job's verification and its frames' render statistics.
+fn verification(j: &pb::JobView) {
+    if j.verify > 0.0 || j.tasks_verifying > 0 {
+        println!(
+            "  verify    {:.0} % of tasks rendered twice on different workers; {} awaiting a second result",
+            j.verify * 100.0,
+            j.tasks_verifying
+        );
+    }
+    if j.frame_stats.is_empty() {
+        return;
+    }
+    println!();
+    let rows = j
+        .frame_stats
+        .iter()
+        .map(|s| {
+            vec![
+                match s.tile {
+                    Some(t) => format!("{} tile {t}", s.frame),
+                    None => s.frame.to_string(),
+                },
+                secs(s.render_ms),
+                secs(s.sync_ms),
+                if s.samples == 0 {
+                    "-".into()
+                } else {
+                    s.samples.to_string()
+                },
+                mib(s.memory_peak_bytes),
+            ]
+        })
+        .collect();
+    table(&["FRAME", "RENDER", "SYNC", "SAMPLES", "PEAK MEMORY"], rows);
+}
+
+/// A worker's state, with `untrusted` and `suspect` when they apply.
+fn worker_state(w: &pb::WorkerView) -> String {
+    let mut s = w.state.clone();
+    if w.untrusted {
+        s += ", untrusted";
+    }
+    if !w.suspect.is_empty() {
+        s += ", suspect";
+    }
+    s
+}
+
+/// Why each suspect worker is.
+fn suspects(workers: &[pb::WorkerView]) {
+    for w in workers.iter().filter(|w| !w.suspect.is_empty()) {
+        println!("{} is suspect: {}", w.id, w.suspect);
+    }
 }
 
 /// `tessera deps`: each file under the job root, its size, and whether the
 /// coordinator has it (`lacking` is None when it could not be asked).
 pub fn deps(
-    layout: &crate::fileset::Layout,
+    layout: &Layout,
     entries: &[pb::FileEntry],
     lacking: Option<&std::collections::HashSet<String>>,
     as_json: bool,

@@ -62,9 +62,9 @@ def upload_cancelled_midway(module):
     `cancel` event, set from the upload's own progress."""
     # The installed add-on's own modules, under the name it was enabled as.
     job = importlib.import_module(module + ".job")
-    ops = importlib.import_module(module + ".ops")
-    up = job.Upload(ops.connect(bpy.context), job.prepare(bpy.context),
-                    ops.tessera_binary(bpy.context))
+    props = importlib.import_module(module + ".props")
+    up = job.Upload(props.connect(bpy.context), job.prepare(bpy.context),
+                    props.tessera_binary(bpy.context))
     progress = up._progress
 
     def cancel_while_uploading(n):

@@ -15,29 +15,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::agent::Conn;
+use crate::connect::Conn;
 use tessera_proto as pb;
 
+use crate::disk::{free_bytes, MARGIN};
 use crate::error::Error;
-
-/// Bytes a download leaves free beyond its own size: room for Blender's
-/// outputs and the cache's small files.
-pub const MARGIN: u64 = 1 << 20;
-
-/// Bytes an unprivileged user may still write on the file system of `path`.
-#[allow(unsafe_code)] // statvfs(3); std has no safe form.
-pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    // SAFETY: statvfs is plain old data; all zeroes is a valid value.
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a NUL-terminated path and `s` a valid out-pointer.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(s.f_bavail.saturating_mul(s.f_frsize))
-}
 
 /// Scenes on local disk, keyed by digest.
 pub struct SceneCache {

@@ -23,7 +23,7 @@ use tonic::codegen::http::HeaderMap;
 /// within about this much while a task renders.
 pub const WORKER_CALL: Duration = Duration::from_secs(10);
 
-/// The CLI's calls (and any other caller of [`crate::agent::channel`]):
+/// The CLI's calls (and any other caller of [`crate::connect::channel`]):
 /// longer, since a page of a large job or a submit of a million frames may
 /// take a while on a busy coordinator.
 pub const CLIENT_CALL: Duration = Duration::from_secs(30);

@@ -7,7 +7,7 @@
 //! standby refuses it (its answer carries `tessera-role: standby`), the
 //! next call goes to the next address. Callers already retry while the coordinator
 //! is unavailable, so they find the active one within a retry or two;
-//! [`find_active`] does that up front for one-shot commands.
+//! [`crate::connect::find_active`] does that up front for one-shot commands.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -16,7 +16,6 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use tonic::body::Body;
 use tonic::codegen::http;
@@ -70,7 +69,7 @@ impl Failover {
         self.channels.len()
     }
 
-    /// Whether there are none (never, for a channel made by `agent::channel`).
+    /// Whether there are none (never, for a channel made by `connect::channel`).
     pub fn is_empty(&self) -> bool {
         self.channels.is_empty()
     }
@@ -224,42 +223,10 @@ fn addresses_with(
     Ok(out)
 }
 
-/// Points `conn`'s address list at a coordinator that is not standby:
-/// asks each address in turn (a cheap call that any token may make) until
-/// one answers other than "standby" or "unreachable". Best effort: callers
-/// still report what the next real call says.
-pub async fn find_active(conn: crate::agent::Conn, addresses: usize) {
-    if addresses < 2 {
-        return;
-    }
-    let mut blobs = tessera_proto::blobs_client::BlobsClient::new(conn);
-    for _ in 0..addresses * 2 {
-        // A deadline on the request (not a timeout around it), so that a
-        // silent address is passed over like an unreachable one.
-        let probe = crate::deadline::request(
-            tessera_proto::MissingBlobsRequest { digests: vec![] },
-            Duration::from_secs(5),
-        );
-        match blobs.missing_blobs(probe).await {
-            Ok(_) => return,
-            Err(s)
-                if !matches!(
-                    s.code(),
-                    tonic::Code::Unavailable
-                        | tonic::Code::DeadlineExceeded
-                        | tonic::Code::Cancelled
-                ) =>
-            {
-                return
-            }
-            _ => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn a_list_is_split_and_addresses_stay_as_given() {
@@ -316,12 +283,12 @@ mod tests {
             format!("http://{}", silent.local_addr().unwrap()),
             format!("http://{}", other.local_addr().unwrap()),
         );
-        let access = crate::agent::Access {
+        let access = crate::connect::Access {
             url: format!("{a},{b}"),
             ..Default::default()
         };
         let conn =
-            crate::agent::channel_with_deadline(&access, Duration::from_millis(300)).unwrap();
+            crate::connect::channel_with_deadline(&access, Duration::from_millis(300)).unwrap();
         let mut blobs = tessera_proto::blobs_client::BlobsClient::new(conn);
         let ask = || tessera_proto::MissingBlobsRequest { digests: vec![] };
         let started = std::time::Instant::now();

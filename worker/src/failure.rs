@@ -262,12 +262,39 @@ pub fn classify(kind: Kind, what: &str, words: &str) -> Diagnosis {
 
 /// Whether some line is the last line of a Python traceback (`ValueError: ...`).
 fn has_python_exception(text: &str) -> bool {
-    text.lines().any(crate::blender::is_python_exception)
+    text.lines().any(is_python_exception)
+}
+
+/// Whether a line is the last line of a Python traceback (`ValueError: ...`).
+pub fn is_python_exception(line: &str) -> bool {
+    let Some((name, _)) = line.split_once(": ") else {
+        return false;
+    };
+    !name.is_empty()
+        && !line.starts_with(' ')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+        && (name.ends_with("Error") || name.ends_with("Exception"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn python_exceptions() {
+        assert!(is_python_exception(
+            "ValueError: invalid literal for int() with base 10: 'tessera'"
+        ));
+        assert!(is_python_exception(
+            "RuntimeError: tessera: the scene renders 10x10"
+        ));
+        assert!(!is_python_exception(
+            "  File \"<bpy driver>\", line 1, in <module>"
+        ));
+        assert!(!is_python_exception("Fra:1 Mem:1M | Error: x"));
+    }
 
     #[test]
     fn a_missing_denoiser_fails_everywhere_with_the_fix() {

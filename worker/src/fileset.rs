@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use prost::Message;
 use tessera_proto as pb;
 
-use crate::agent::Conn;
+use crate::connect::Conn;
 use crate::error::Error;
 
 /// A job root ready to render from.

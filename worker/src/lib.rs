@@ -3,7 +3,8 @@
 //!
 //! # Layout
 //! - [`agent`]: registration and the per-slot lease loop.
-//! - [`failover`]: several coordinator addresses, finding the active one.
+//! - [`connect`]: one channel to the coordinator(s): address list, token, TLS, deadline.
+//! - [`failover`]: several coordinator addresses, moving on from a silent or standby one.
 //! - [`deadline`]: every call's deadline, and how long each kind of call gets.
 //! - [`blender`]: render requests and results, the `Renderer` trait, reading Blender's output.
 //! - [`slots`]: one slot per GPU, CPU slots, declared GPUs for tests.
@@ -15,6 +16,7 @@
 //! - [`metadata`]: Blender's volatile stamps taken out of images, read into render stats.
 //! - [`passes`]: extra outputs of a frame (File Output nodes) and their names.
 //! - [`cache`]: the scene cache, keyed by blake3 digest.
+//! - [`disk`]: free space on the worker's disks, and the margin downloads leave.
 //! - [`capabilities`]: the names of what a Blender can render (denoiser, OSL, EEVEE).
 //! - [`runtime`]: Blender runtimes (a binary, or the `bpy` module): running, installing, probing.
 //! - [`corrupt`]: TESTS ONLY: a worker that changes one pixel of its frames.
@@ -28,8 +30,10 @@ pub mod agent;
 pub mod blender;
 pub mod cache;
 pub mod capabilities;
+pub mod connect;
 pub mod corrupt;
 pub mod deadline;
+pub mod disk;
 pub mod error;
 pub mod failover;
 pub mod failure;

@@ -35,10 +35,11 @@ use tokio::process::{Child, ChildStdin};
 use tokio::sync::{mpsc, watch};
 
 use crate::blender::{
-    child_setup, failure, is_error_line, is_python_exception, read_lines, summarize, PassFile,
-    Progress, RenderFailure, RenderRequest, RenderedFrame, Renderer,
+    child_setup, failure, is_error_line, read_lines, summarize, PassFile, Progress, RenderFailure,
+    RenderRequest, RenderedFrame, Renderer,
 };
 use crate::error::Error;
+use crate::failure::is_python_exception;
 use crate::failure::Kind;
 use crate::scene_python::SkippedDrivers;
 use crate::verify;

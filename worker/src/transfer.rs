@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::agent::Conn;
+use crate::connect::Conn;
 use tessera_proto as pb;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -131,7 +131,7 @@ pub async fn download_file(
         dir: dir.display().to_string(),
         what: format!("blob {}", &digest[..digest.len().min(12)]),
         needed,
-        free: crate::cache::free_bytes(dir).unwrap_or(0),
+        free: crate::disk::free_bytes(dir).unwrap_or(0),
         evicted: 0,
     };
     let written = |e: std::io::Error, size: u64| {
@@ -144,8 +144,8 @@ pub async fn download_file(
     while let Some(chunk) = stream.message().await? {
         if bytes == 0 {
             size = chunk.size;
-            let free = crate::cache::free_bytes(dir).unwrap_or(u64::MAX);
-            if free < size.saturating_add(crate::cache::MARGIN) {
+            let free = crate::disk::free_bytes(dir).unwrap_or(u64::MAX);
+            if free < size.saturating_add(crate::disk::MARGIN) {
                 return Err(no_space(size));
             }
         }

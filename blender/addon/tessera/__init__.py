@@ -14,10 +14,10 @@ bl_info = {
 if "bpy" in locals():
     import importlib
 
-    for _m in (api, blake3, deps, digests, files, job, state, props, ops, ui):  # noqa: F821
+    for _m in (api, blake3, deps, digests, files, job, props, state, ops, ui):  # noqa: F821
         importlib.reload(_m)
 else:
-    from . import api, blake3, deps, digests, files, job, state, props, ops, ui  # noqa: F401
+    from . import api, blake3, deps, digests, files, job, props, state, ops, ui  # noqa: F401
 
 import bpy  # noqa: E402
 

@@ -9,33 +9,14 @@ import webbrowser
 import bpy
 from bpy.props import BoolProperty, FloatProperty, IntProperty, StringProperty
 
-from . import digests, job, state
-from .api import Api, FarmError
-from .props import prefs
+from . import job, state
+from .api import FarmError
+from .props import connect, tessera_binary
 
 
 def addon_version():
     from . import VERSION
     return VERSION
-
-
-def connect(context):
-    """The API of the coordinator the preferences name (FarmError if unset)."""
-    p = prefs(context)
-    # Blender before 4.2 has no such setting: online.
-    return Api(p.url, p.token, p.ca_file, online=getattr(bpy.app, "online_access", True))
-
-
-def api_or_none(context):
-    try:
-        return connect(context)
-    except FarmError:
-        return None
-
-
-def tessera_binary(context):
-    p = prefs(context)
-    return None if p.hasher == "PYTHON" else digests.find_tessera(p.tessera_path)
 
 
 def _fail(op, message):

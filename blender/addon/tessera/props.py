@@ -1,4 +1,5 @@
-"""The add-on's preferences and the scene's job settings (`scene.tessera`).
+"""The add-on's preferences (with their layout, and the coordinator API and
+hasher they name) and the scene's job settings (`scene.tessera`).
 
 The token is kept in a file of its own, `tessera.token` in Blender's user
 config folder, readable only by its owner: never in the .blend, and not in
@@ -11,6 +12,9 @@ import bpy
 from bpy.props import (EnumProperty, FloatProperty, IntProperty, PointerProperty,
                        StringProperty)
 
+from . import digests
+from .api import Api, FarmError
+
 PACKAGE = __package__
 
 
@@ -18,6 +22,26 @@ def prefs(context=None):
     """The add-on's preferences."""
     context = context or bpy.context
     return context.preferences.addons[PACKAGE].preferences
+
+
+def connect(context):
+    """The API of the coordinator the preferences name (FarmError if unset)."""
+    p = prefs(context)
+    # Blender before 4.2 has no such setting: online.
+    return Api(p.url, p.token, p.ca_file, online=getattr(bpy.app, "online_access", True))
+
+
+def api_or_none(context):
+    try:
+        return connect(context)
+    except FarmError:
+        return None
+
+
+def tessera_binary(context):
+    """The `tessera` binary that hashes files, or None for pure Python."""
+    p = prefs(context)
+    return None if p.hasher == "PYTHON" else digests.find_tessera(p.tessera_path)
 
 
 def token_file():
@@ -74,6 +98,30 @@ def _set_token(self, value):
               % (token_file(), e), file=sys.stderr)
 
 
+_how = {}
+
+
+def _hashing(p):
+    """How digests are computed, measured once per setting."""
+    key = (p.hasher, p.tessera_path)
+    if key not in _how:
+        exe = None if p.hasher == "PYTHON" else digests.find_tessera(p.tessera_path)
+        _how[key] = digests.describe(exe)
+    return _how[key]
+
+
+def _draw_preferences(p, context):
+    layout = p.layout
+    col = layout.column()
+    col.prop(p, "url")
+    col.prop(p, "token")
+    col.prop(p, "ca_file")
+    col.prop(p, "tessera_path")
+    col.prop(p, "hasher")
+    col.label(text=_hashing(p), icon="INFO")
+    col.operator("tessera.test_connection", icon="LINKED")
+
+
 class TesseraPreferences(bpy.types.AddonPreferences):
     bl_idname = PACKAGE
 
@@ -97,8 +145,7 @@ class TesseraPreferences(bpy.types.AddonPreferences):
                ("PYTHON", "Pure Python", "Always the add-on's own BLAKE3 (slow)")])
 
     def draw(self, context):
-        from . import ui
-        ui.draw_preferences(self, context)
+        _draw_preferences(self, context)
 
 
 class TesseraSceneSettings(bpy.types.PropertyGroup):

@@ -7,6 +7,7 @@ import threading
 import bpy
 
 from .api import FarmError
+from .props import api_or_none
 
 #: job id -> {"view": dict or None, "error": str or None}
 jobs = {}
@@ -59,7 +60,6 @@ def redraw():
 
 
 def _tick():
-    from . import ops
     try:
         scene = bpy.context.scene
         job_id = scene.tessera.job_id if scene is not None else 0
@@ -67,7 +67,7 @@ def _tick():
             last = known(job_id)
             state = ((last or {}).get("view") or {}).get("state")
             if state not in ENDED:
-                api = ops.api_or_none(bpy.context)
+                api = api_or_none(bpy.context)
                 if api is not None:
                     poll_async(api, job_id)
         redraw()

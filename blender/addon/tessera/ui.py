@@ -1,33 +1,10 @@
-"""The panel (Properties > Render > Tessera) and the preferences' layout."""
+"""The panel (Properties > Render > Tessera): the job's settings, the upload in
+progress and the last job's state, as `state` keeps them."""
 
 import bpy
 
-from . import digests, state
+from . import state
 from .props import prefs
-
-_how = {}
-
-
-def _hashing(p):
-    """How digests are computed, measured once per setting."""
-    key = (p.hasher, p.tessera_path)
-    if key not in _how:
-        exe = None if p.hasher == "PYTHON" else digests.find_tessera(p.tessera_path)
-        _how[key] = digests.describe(exe)
-    return _how[key]
-
-
-def draw_preferences(p, context):
-    layout = p.layout
-    col = layout.column()
-    col.prop(p, "url")
-    col.prop(p, "token")
-    col.prop(p, "ca_file")
-    col.prop(p, "tessera_path")
-    col.prop(p, "hasher")
-    col.label(text=_hashing(p), icon="INFO")
-    col.operator("tessera.test_connection", icon="LINKED")
-
 
 class TESSERA_PT_panel(bpy.types.Panel):
     bl_label = "Tessera"
