@@ -163,7 +163,8 @@ pub async fn run(url: &Access, args: WorkerArgs) -> Result<()> {
 
 /// The price per hour, from the command line.
 fn price(p: f64) -> Result<f64> {
-    tessera_coordinator::model::usage::check_price(p).map_err(|e| anyhow::anyhow!("--price-per-hour: {e}"))
+    tessera_coordinator::model::usage::check_price(p)
+        .map_err(|e| anyhow::anyhow!("--price-per-hour: {e}"))
 }
 
 /// The shutdown grace period, from the command line.
