@@ -259,7 +259,7 @@ fn disk(r: &mut Report, cache: &Path) {
             None => break,
         }
     }
-    match free_bytes(at) {
+    match tessera_worker::disk::free_bytes(at) {
         Err(e) => r.line(
             Level::Fail,
             "disk",
@@ -284,21 +284,6 @@ fn disk(r: &mut Report, cache: &Path) {
             }
         }
     }
-}
-
-/// Bytes an unprivileged user may still write on the file system of `path`.
-#[allow(unsafe_code)] // statvfs(3); std has no safe form.
-fn free_bytes(path: &Path) -> std::io::Result<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    // SAFETY: statvfs is plain old data; all zeroes is a valid value.
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a NUL-terminated path and `s` a valid out-pointer.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(s.f_bavail.saturating_mul(s.f_frsize))
 }
 
 /// The open-file limit this process (and so a worker started the same way) has.
