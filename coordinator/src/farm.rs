@@ -363,7 +363,7 @@ impl Farm {
         let started = std::time::Instant::now();
         let store = lock::checked_store(store);
         let blobs = lock::checked_blobs(blobs);
-        let mut state = State::recover(&*store, &*blobs, now, config.lease_ttl_ms)?;
+        let mut state = State::recover(&*store, &*blobs, now, config.lease_ttl_ms, HashMap::new())?;
         state.events = Some(tokio::sync::broadcast::channel(1024).0);
         let open = state.jobs.values().filter(|j| !j.state.is_final()).count();
         tracing::info!(

@@ -54,15 +54,18 @@ pub(super) struct State {
 }
 
 impl State {
-    /// Reads everything `store` holds and derives the indexes.
+    /// Reads everything `store` holds and derives the indexes. File sets
+    /// in `known` (those of the memory being rebuilt) are not read again.
     pub(super) fn recover(
         store: &dyn MetaStore,
         blobs: &dyn BlobStore,
         now: u64,
         lease_ttl_ms: u64,
+        known: HashMap<Digest, Arc<[Digest]>>,
     ) -> Result<State, Error> {
         let snap = store.load()?;
         let mut st = State {
+            file_sets: known,
             next_job: snap
                 .jobs
                 .keys()
@@ -91,6 +94,9 @@ impl State {
         }
         let jobs: Vec<Job> = st.jobs.values().cloned().collect();
         st.jobs.clear();
+        // Known file sets that no stored job names any more go.
+        let named: HashSet<Digest> = jobs.iter().filter_map(|j| j.file_set).collect();
+        st.file_sets.retain(|d, _| named.contains(d));
         for job in jobs {
             if let Some(d) = job.file_set {
                 if let std::collections::hash_map::Entry::Vacant(e) = st.file_sets.entry(d) {

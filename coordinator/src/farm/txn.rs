@@ -234,7 +234,10 @@ fn rebuild(
     lease_ttl_ms: u64,
     st: &mut State,
 ) {
-    match State::recover(store, blobs, now, lease_ttl_ms) {
+    // The file sets memory knows are not read again: a rebuild reads the
+    // store, and blobs only for file sets it has not seen.
+    let known = st.file_sets.clone();
+    match State::recover(store, blobs, now, lease_ttl_ms, known) {
         Ok(mut fresh) => {
             fresh.health = std::mem::take(&mut st.health);
             fresh.events = st.events.take();
