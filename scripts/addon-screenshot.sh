@@ -9,7 +9,7 @@ ensure_blender
 ensure_xvfb
 zip="$(scripts/addon.sh)"
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
-blender -b --factory-startup --python-exit-code 2 --python blender/make_asset_scenes.py -- \
+blender -b --factory-startup --python-exit-code 2 --python tests/blender/make_asset_scenes.py -- \
   --dir "$work/scene" --case library >/dev/null
 mkdir -p docs
 extra=()

@@ -54,14 +54,14 @@ grep -o "uploaded .*" "$work/submit1.err" || cat "$work/submit1.err"
 cputime() { python3 -c 'import resource, subprocess, sys
 subprocess.run(sys.argv[2:], stdout=subprocess.DEVNULL, stderr=open(sys.argv[1], "w"))
 r = resource.getrusage(resource.RUSAGE_CHILDREN); print(r.ru_utime + r.ru_stime)' "$@"; }
-blender -b --factory-startup --python-exit-code 2 --python blender/make_asset_scenes.py -- \
+blender -b --factory-startup --python-exit-code 2 --python tests/blender/make_asset_scenes.py -- \
   --dir "$work/many" --case many >/dev/null 2>&1
 t6=$(now); cold=$(cputime "$work/many1.err" "$tessera" submit "$work/many/scene.blend" --frames 1); t7=$(now)
 t8=$(now); warm=$(cputime "$work/many2.err" "$tessera" submit "$work/many/scene.blend" --frames 2); t9=$(now)
 grep -q "0 bytes uploaded" "$work/many2.err" || { echo "unchanged resubmit sent bytes:"; cat "$work/many2.err"; }
 
 # 3. Submit-time overhead of tessera render against blender -b -a.
-blender -b --factory-startup --python-exit-code 2 --python blender/make_scene.py -- \
+blender -b --factory-startup --python-exit-code 2 --python tests/blender/make_scene.py -- \
   --out "$work/anim.blend" --kind anim --width 160 --height 120 --frames 12 --samples 16 >/dev/null 2>&1
 blender -b "$work/anim.blend" -o "$work/warmup/f_####" -s 1 -e 1 -a >/dev/null 2>&1   # page cache
 t10=$(now); blender -b "$work/anim.blend" -o "$work/anim/f_####" -s 1 -e 12 -a >/dev/null 2>&1; t11=$(now)

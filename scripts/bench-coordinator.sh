@@ -120,7 +120,7 @@ pg_db() {
 }
 
 scene="$OUT/scene.blend"
-blender -b --factory-startup --python-exit-code 2 --python blender/make_scene.py -- \
+blender -b --factory-startup --python-exit-code 2 --python tests/blender/make_scene.py -- \
   --out "$scene" --kind still --frames 1 >/dev/null 2>&1 || { echo "error: make_scene.py failed" >&2; exit 1; }
 
 coord_args=()

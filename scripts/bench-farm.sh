@@ -14,7 +14,7 @@ n="${1:-12}"; w="${2:-160}"; h="${3:-120}"; s="${4:-16}"
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
 cargo build -q --release -p tessera-cli
 tessera=./target/release/tessera
-blender -b --factory-startup --python-exit-code 2 --python blender/make_scene.py -- \
+blender -b --factory-startup --python-exit-code 2 --python tests/blender/make_scene.py -- \
   --out "$work/scene.blend" --kind anim --width "$w" --height "$h" --frames "$n" --samples "$s" >/dev/null 2>&1
 
 now() { date +%s.%N; }

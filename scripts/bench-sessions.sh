@@ -3,7 +3,7 @@
 # in each Blender runtime: Debian's Blender 3.4 (the binary) and the official
 # Blender 4.5 (the `bpy` module from PyPI, installed with `tessera blender
 # install 4.5` when missing). For each, renders FRAMES frames (default 24) of
-# two scenes made by blender/make_scene.py with that Blender
+# two scenes made by tests/blender/make_scene.py with that Blender
 #   (a) anim   a tiny animated scene (64x48, 8 samples)
 #   (b) heavy  a scene whose load dominates: 1 M polygons and a packed 4k texture, 1 sample
 # and prints the per-frame time of each way and the ratio. Then one 1920x1080
@@ -21,8 +21,8 @@ cargo build -q --release -p tessera-cli
 tessera=./target/release/tessera
 ensure_bpy_runtime "$tessera"
 bpy=$(ls -d "$TESSERA_RUNTIMES"/bpy-4.5.*/bin/python | sort -V | tail -n 1)
-make_34() { blender -b --factory-startup --python-exit-code 2 --python blender/make_scene.py -- --out "$@" >/dev/null 2>&1; }
-make_45() { "$bpy" -I blender/bpy_run.py --script blender/make_scene.py -- --out "$@" >/dev/null 2>&1; }
+make_34() { blender -b --factory-startup --python-exit-code 2 --python tests/blender/make_scene.py -- --out "$@" >/dev/null 2>&1; }
+make_45() { "$bpy" -I blender/bpy_run.py --script tests/blender/make_scene.py -- --out "$@" >/dev/null 2>&1; }
 echo "making scenes with both Blenders (the heavy ones take a while)..." >&2
 for v in 34 45; do
   "make_$v" "$work/anim$v.blend" --kind anim --width 64 --height 48 --samples 8 --frames "$n"

@@ -15,7 +15,7 @@ w="${1:-1920}"; h="${2:-1080}"; s="${3:-32}"
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
 cargo build -q --release -p tessera-cli
 tessera=./target/release/tessera
-blender -b --factory-startup --python-exit-code 2 --python blender/make_scene.py -- \
+blender -b --factory-startup --python-exit-code 2 --python tests/blender/make_scene.py -- \
   --out "$work/scene.blend" --kind still --width "$w" --height "$h" --samples "$s" --frames 1 >/dev/null 2>&1
 
 now() { date +%s.%N; }

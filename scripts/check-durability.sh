@@ -17,7 +17,7 @@ cargo build -q -p tessera-cli
 T="$PWD/target/debug/tessera"
 dir="$(mktemp -d)"
 trap 'pkill -f -- "--data $dir/data" 2>/dev/null; pkill -f -- "--cache $dir/cache" 2>/dev/null; rm -rf "$dir"' EXIT
-blender -b --factory-startup --python-exit-code 2 --python blender/make_scene.py -- \
+blender -b --factory-startup --python-exit-code 2 --python tests/blender/make_scene.py -- \
   --out "$dir/s.blend" --kind anim --width 64 --height 48 --frames 6 --samples 4 >/dev/null 2>&1
 strace -f -y -e trace=fsync,fdatasync,sync_file_range -o "$dir/strace.log" \
   "$T" coordinator --listen 127.0.0.1:0 --http 127.0.0.1:0 --data "$dir/data" >"$dir/coord.log" 2>&1 &

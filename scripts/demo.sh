@@ -13,8 +13,8 @@ out="${1:-out/demo}"
 mkdir -p out
 echo "== building tessera" >&2
 cargo build -q --release -p tessera-cli
-echo "== making the demo scene (blender/make_scene.py)" >&2
-blender -b --factory-startup --python-exit-code 2 --python blender/make_scene.py -- \
+echo "== making the demo scene (tests/blender/make_scene.py)" >&2
+blender -b --factory-startup --python-exit-code 2 --python tests/blender/make_scene.py -- \
   --out out/demo.blend --kind anim --width 320 --height 240 --frames 12 --samples 16 >out/demo-scene.log 2>&1 \
   || { echo "error: building the demo scene failed; see out/demo-scene.log" >&2; exit 1; }
 echo "== rendering 12 frames through the farm" >&2

@@ -6,7 +6,7 @@
 #      and checks that each NVIDIA GPU's Vulkan UUID is one NVML lists, and
 #      the other way round (the worker matches them by UUID to pin slots and
 #      read telemetry);
-#   4. renders one frame of blender/make_scene.py's scene with that runtime
+#   4. renders one frame of tests/blender/make_scene.py's scene with that runtime
 #      on CUDA, on OptiX and on the CPU, with Cycles' device preferences set
 #      as blender/session.py sets them, failing a GPU render that fell back
 #      to the CPU, and prints the times and their ratios;
@@ -309,7 +309,7 @@ if result["error"] is None:
 print("GPU_CHECK " + json.dumps(result), flush=True)
 PY
 
-"$bpy/bin/python" -I "$repo/blender/make_scene.py" -- --out "$work/scene.blend" \
+"$bpy/bin/python" -I "$repo/tests/blender/make_scene.py" -- --out "$work/scene.blend" \
     --kind still --width "$width" --height "$height" --samples "$samples" >"$work/make.log" 2>&1 ||
     { cat "$work/make.log"; fail "make_scene.py failed in the bpy runtime"; finish; }
 

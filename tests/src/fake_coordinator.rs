@@ -23,6 +23,9 @@ pub struct Seen {
     pub fails: Vec<pb::FailRequest>,
     /// Leases handed out.
     pub leases: u32,
+    /// Lease calls that came after the first `Fail`: a one-slot worker
+    /// asks again only once it is done with the failed task.
+    pub leases_after_fail: u32,
 }
 
 /// How `Complete` is answered.
@@ -104,6 +107,9 @@ impl pb::work_server::Work for Fake {
         let first = {
             let mut seen = self.seen.lock().unwrap();
             seen.leases += 1;
+            if !seen.fails.is_empty() {
+                seen.leases_after_fail += 1;
+            }
             seen.leases == 1
         };
         if !first {

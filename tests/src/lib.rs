@@ -88,7 +88,7 @@ pub fn scratch() -> tempfile::TempDir {
         .unwrap()
 }
 
-/// Builds a scene with `blender/make_scene.py` (once per distinct argument list
+/// Builds a scene with `tests/blender/make_scene.py` (once per distinct argument list
 /// per test process) and returns its path.
 pub fn scene(args: &[&str]) -> PathBuf {
     type Made = Vec<(Vec<String>, PathBuf)>;
@@ -107,7 +107,7 @@ pub fn scene(args: &[&str]) -> PathBuf {
     out
 }
 
-/// Builds a scene with `blender/make_scene.py` and Debian's Blender at `out`.
+/// Builds a scene with `tests/blender/make_scene.py` and Debian's Blender at `out`.
 pub fn make_scene(out: &Path, args: &[&str]) {
     let result = Command::new(blender())
         .args([
@@ -117,7 +117,7 @@ pub fn make_scene(out: &Path, args: &[&str]) {
             "2",
             "--python",
         ])
-        .arg(root().join("blender/make_scene.py"))
+        .arg(root().join("tests/blender/make_scene.py"))
         .arg("--")
         .arg("--out")
         .arg(out)
@@ -693,7 +693,7 @@ pub fn submit(url: &str, scene: &Path, args: &[&str]) -> u64 {
         .expect("submit prints the job id")
 }
 
-/// Builds one of `blender/make_asset_scenes.py`'s cases under `dir`; returns the scene.
+/// Builds one of `tests/blender/make_asset_scenes.py`'s cases under `dir`; returns the scene.
 pub fn asset_scene(dir: &Path, case: &str) -> PathBuf {
     let out = dir.join(case);
     let result = std::process::Command::new(blender())
@@ -704,7 +704,7 @@ pub fn asset_scene(dir: &Path, case: &str) -> PathBuf {
             "2",
             "--python",
         ])
-        .arg(root().join("blender/make_asset_scenes.py"))
+        .arg(root().join("tests/blender/make_asset_scenes.py"))
         .args(["--", "--dir"])
         .arg(&out)
         .args(["--case", case])
@@ -844,10 +844,10 @@ pub fn bpy_command(python: &Path, script: &Path, scene: Option<&Path>) -> Comman
     cmd
 }
 
-/// Builds a scene with `blender/make_scene.py` in the `bpy` module at
+/// Builds a scene with `tests/blender/make_scene.py` in the `bpy` module at
 /// `python` (so that Blender 4.5 saves it) into `out`.
 pub fn bpy_scene(python: &Path, out: &Path, args: &[&str]) {
-    let result = bpy_command(python, &root().join("blender/make_scene.py"), None)
+    let result = bpy_command(python, &root().join("tests/blender/make_scene.py"), None)
         .arg("--out")
         .arg(out)
         .args(args)

@@ -168,7 +168,7 @@ impl Runtime {
         }
         let out = dir.join(case);
         let result = self.script(
-            &root().join("blender/make_asset_scenes.py"),
+            &root().join("tests/blender/make_asset_scenes.py"),
             &[
                 "--dir".as_ref(),
                 out.as_os_str(),

@@ -3,6 +3,9 @@
 //! textures, image sequences, UDIM tiles, 2,000 small files) render on a real
 //! farm pixel for pixel as Blender renders them from the original files;
 //! missing files refuse the submit; unchanged files are not sent again.
+//! Below the farm, `tests/blender/check_file_sets.py` checks the Blender
+//! side of every case: what `deps.py` lists, `remap.py` at load and
+//! `rewrite_library.py`'s copies.
 
 use std::path::Path;
 
@@ -248,4 +251,60 @@ fn files_on_shared_storage_are_not_uploaded_and_workers_read_them_through_their_
         st["message"].as_str().unwrap().contains("--path-map"),
         "{st:#}"
     );
+}
+
+/// `tests/blender/check_file_sets.py` on every case of
+/// `make_asset_scenes.py`: `deps.py` lists exactly the expected files,
+/// `remap.py` renders a copy of the tree pixel-equal to the original (and an
+/// unmapped copy differs), `rewrite_library.py`'s copies render equal with
+/// no mapping, and the original tree is left byte for byte as built.
+#[test]
+fn the_blender_side_of_every_file_set_case_checks_out() {
+    let dir = scratch();
+    let out = std::process::Command::new("python3")
+        .arg(root().join("tests/blender/check_file_sets.py"))
+        .arg("--work")
+        .arg(dir.path())
+        .arg("--blender")
+        .arg(blender())
+        .output()
+        .expect("python3 runs check_file_sets.py; install python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let results: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let cases: Vec<&str> = results
+        .iter()
+        .map(|r| r["case"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        cases,
+        [
+            "subfolder",
+            "absolute",
+            "library",
+            "linked-absolute",
+            "sequence",
+            "udim",
+            "missing",
+            "many",
+            "nested",
+            "kinds",
+            "linked-kinds"
+        ],
+        "every case ran:\n{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let failed: Vec<&serde_json::Value> = results.iter().filter(|r| r["ok"] != true).collect();
+    if !failed.is_empty() {
+        // Kept for the Blender logs of each step (WORK/logs/CASE/).
+        let kept = dir.keep();
+        panic!(
+            "file-set checks failed (logs under {}):\n{failed:#?}\n{stdout}",
+            kept.display()
+        );
+    }
+    assert!(out.status.success(), "{stdout}");
 }

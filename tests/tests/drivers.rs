@@ -10,7 +10,7 @@ use tessera_tests::*;
 
 const LONG: Duration = Duration::from_secs(300);
 
-/// The driver `blender/make_scene.py --py-driver` adds.
+/// The driver `tests/blender/make_scene.py --py-driver` adds.
 const EXPR: &str = "bpy.context.scene.frame_current * 0.5 + 0.75";
 
 fn py_driver_scene() -> std::path::PathBuf {

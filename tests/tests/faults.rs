@@ -171,7 +171,12 @@ fn sigterm_releases_a_busy_workers_task_at_once() {
     wait_for(&coord.url, job, LONG, "the task to be leased", |j| {
         j["tasks_running"] == 1
     });
-    std::thread::sleep(Duration::from_millis(500));
+    // Mid-render: the worker has started Blender on the task.
+    assert!(
+        eventually(LONG, || a.log().contains("Blender session started")),
+        "the worker never started rendering its task:\n{}",
+        a.log()
+    );
     let sent = Instant::now();
     a.term();
     let status = loop {
@@ -226,6 +231,18 @@ fn sigterm_releases_a_busy_workers_task_at_once() {
 
 #[test]
 fn pause_resume_cancel_and_retry_reach_the_workers() {
+    let small = scene(&[
+        "--kind",
+        "still",
+        "--width",
+        "32",
+        "--height",
+        "24",
+        "--samples",
+        "4",
+        "--frames",
+        "1",
+    ]);
     let scene = scene(&[
         "--kind",
         "anim",
@@ -255,7 +272,13 @@ fn pause_resume_cancel_and_retry_reach_the_workers() {
     );
     assert_eq!(paused["state"], "paused");
     let frames = paused["frames_done"].clone();
-    std::thread::sleep(Duration::from_secs(3));
+    // The worker keeps asking for work: a job submitted now is leased to it
+    // and done, while the paused job stays as it was.
+    let other = submit(&coord.url, &small, &["--frames", "1"]);
+    let other = wait_for(&coord.url, other, LONG, "another job to end", |j| {
+        j["state"] == "done" || j["state"] == "failed"
+    });
+    assert_eq!(other["state"], "done", "{other:#}");
     assert_eq!(
         status(&coord.url, job)["frames_done"],
         frames,

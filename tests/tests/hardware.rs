@@ -229,7 +229,9 @@ fn a_hot_gpu_drains_its_worker_until_it_cools_and_metrics_show_it() {
     );
 
     let job = submit(&coord.url, &scene, &["--frames", "1-2"]);
-    std::thread::sleep(Duration::from_secs(2));
+    // The worker's lease call, parked before the submit, is woken by the
+    // ready tasks and refused; the coordinator's log below shows that no
+    // task was leased until the worker was back in service.
     let queued = status(&coord.url, job);
     assert_eq!(
         queued["tasks_done"], 0,
@@ -285,6 +287,17 @@ fn a_hot_gpu_drains_its_worker_until_it_cools_and_metrics_show_it() {
     write(60, 0);
     done(&coord.url, job);
     assert_eq!(workers_by_name(&coord.url)["hot"]["state"], "online");
+    let log = coord.proc.log();
+    let restored = log
+        .find("healthy again; back in service")
+        .unwrap_or_else(|| panic!("no line saying the worker is back in service:\n{log}"));
+    let first_lease = log
+        .find("task leased")
+        .unwrap_or_else(|| panic!("no task leased:\n{log}"));
+    assert!(
+        restored < first_lease,
+        "a draining worker takes no new work: a task was leased before it was back in service:\n{log}"
+    );
 
     // ECC errors rising past the limit drain it again.
     write(60, 25);

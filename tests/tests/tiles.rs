@@ -84,12 +84,9 @@ fn adaptive_sampling_png_stitches_exactly_and_tile_blobs_are_cleaned_up() {
     );
     // Only the scene and the stitched frame remain in the blob store, once
     // the collector's grace period (half a second here) has passed.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let mut blobs = count_blobs(&f.dir.path().join("data/blobs"));
-    while blobs != 2 && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        blobs = count_blobs(&f.dir.path().join("data/blobs"));
-    }
+    let blob_dir = f.dir.path().join("data/blobs");
+    eventually(Duration::from_secs(20), || count_blobs(&blob_dir) == 2);
+    let blobs = count_blobs(&blob_dir);
     assert_eq!(
         blobs, 2,
         "tile blobs should be removed once the frame is stitched"
@@ -243,7 +240,12 @@ fn a_worker_killed_mid_tile_loses_nothing() {
     wait_for(&coord.url, job, LONG, "a tile to be leased", |j| {
         j["tasks_running"] == 1
     });
-    std::thread::sleep(Duration::from_millis(300));
+    // Mid-tile: the worker has started Blender on it.
+    assert!(
+        eventually(LONG, || a.log().contains("Blender session started")),
+        "the worker never started rendering its tile:\n{}",
+        a.log()
+    );
     a.kill9();
     let _b = worker(&coord.url, dir.path(), "b");
     let done = wait_for(&coord.url, job, LONG, "the job to end", |j| {

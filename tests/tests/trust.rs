@@ -361,8 +361,13 @@ fn a_result_refused_for_good_is_reported_as_a_failure_everywhere() {
         "no Fail after a refused Complete:\n{}",
         w.log()
     );
-    // No second attempt at completing, and the failure says why, for good.
-    std::thread::sleep(Duration::from_secs(1));
+    // No second attempt at completing, and the failure says why, for good:
+    // the slot has moved on to ask for its next task.
+    assert!(
+        eventually(LONG, || fake.seen(|s| s.leases_after_fail > 0)),
+        "no lease asked for after the Fail:\n{}",
+        w.log()
+    );
     fake.seen(|s| {
         assert_eq!(s.completes.len(), 1, "{s:?}");
         assert_eq!(s.completes[0].outputs.len(), 1);

@@ -2,7 +2,7 @@
 //! concurrent changes, expiry by the deadline heap, waking one parked lease
 //! call per ready task, archive and delete.
 
-use super::tests::{fixture, output, sub, worker};
+use super::tests::{fixture, output, sub, until, until_parked, worker};
 use super::*;
 
 fn lease_and_complete(f: &super::tests::Fixture, w: &WorkerId) -> Option<JobId> {
@@ -133,15 +133,14 @@ async fn a_ready_task_wakes_one_parked_lease_call_not_all() {
                 .unwrap()
         }));
     }
-    while f.farm.lock().schedule.parked() < 3 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_parked(&f.farm, 3).await;
     let job = f.farm.submit(sub(f.scene, "1", 1)).unwrap();
     // Waking happens as the task becomes ready; once it is leased, whoever
     // was going to be woken has been.
-    while f.farm.job(job).unwrap().counts.leased == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until("the task to be leased", || {
+        f.farm.job(job).unwrap().counts.leased > 0
+    })
+    .await;
     assert_eq!(
         f.farm.lock().schedule.parked(),
         2,

@@ -101,6 +101,25 @@ pub(super) fn worker(farm: &Farm, name: &str) -> WorkerId {
     .0
 }
 
+/// Polls `cond` (other tasks change what it reads) until it holds; fails
+/// naming `what` after 10 s.
+pub(super) async fn until(what: &str, cond: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after 10 s waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Waits until `n` lease calls are parked, waiting for a task.
+pub(super) async fn until_parked(farm: &Farm, n: usize) {
+    let what = format!("{n} lease call(s) to park");
+    until(&what, || farm.lock().schedule.parked() >= n).await;
+}
+
 pub(super) fn output(f: &Fixture, frame: u32) -> FrameOutput {
     let bytes = format!("png {frame}");
     let digest = Digest::of(bytes.as_bytes());
@@ -294,7 +313,8 @@ async fn lease_waits_for_work_to_arrive() {
             .lease(&w, &HashSet::new(), None, 0, Duration::from_secs(10))
             .await
     });
-    tokio::task::yield_now().await;
+    // Submitted once the call waits, so the task must wake it.
+    until_parked(&f.farm, 1).await;
     f.farm.submit(sub(f.scene, "1", 1)).unwrap();
     let got = waiter.await.unwrap().unwrap();
     assert!(got.task.is_some());
@@ -406,7 +426,8 @@ async fn cancelling_a_job_wakes_the_slots_that_hold_it_warm() {
             .lease(&w2, &HashSet::new(), Some(job), 0, Duration::from_secs(30))
             .await
     });
-    tokio::task::yield_now().await;
+    // Cancelled once the call waits, so the cancel must wake it.
+    until_parked(&f.farm, 1).await;
     f.farm.cancel(job).unwrap();
     let got = tokio::time::timeout(Duration::from_secs(5), waiter)
         .await

@@ -15,10 +15,10 @@ pub const WORKERS_PER_TOKEN: u32 = 500;
 /// The most tasks one `GetJob` page holds.
 pub const TASK_PAGE: u32 = 10_000;
 
-/// Makes a tiny real scene with `blender/make_scene.py` at `out`: submit
+/// Makes a tiny real scene with `tests/blender/make_scene.py` at `out`: submit
 /// checks that a scene is a whole Blender file.
 pub fn make_scene(blender: &Path, out: &Path) -> Result<PathBuf, LoadError> {
-    let script = crate::root().join("blender/make_scene.py");
+    let script = crate::root().join("tests/blender/make_scene.py");
     let result = std::process::Command::new(blender)
         .args([
             "-b",

@@ -2,7 +2,7 @@
 
 Plain Python 3.10+ (standard library only), calls Blender:
 
-    python3 blender/check_file_sets.py [--work DIR] [--blender PATH] [CASE ...]
+    python3 tests/blender/check_file_sets.py [--work DIR] [--blender PATH] [CASE ...]
 
 For each case it:
  1. builds the scene (make_asset_scenes.py) under WORK/orig/CASE;
@@ -37,6 +37,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The scripts under test are the ones the worker and the CLI ship.
+SHIPPED = os.path.join(os.path.dirname(os.path.dirname(HERE)), "blender")
 sys.path.insert(0, HERE)
 from check_png import read_png  # noqa: E402
 
@@ -145,7 +147,7 @@ def check_rewrite(case, data, scene, common, files, frames, ref_dir, farm, logs,
             json.dump([f["abs"] for f in data["files"] if f["absolute_ref"]], open(only, "w"))
             tmp = os.path.join(farm, "rewritten-%d.blend" % n)
             rc, _ = run(blender_cmd(blender, holder, "--python-exit-code", "3", "--python",
-                                    os.path.join(HERE, "rewrite_library.py"), "--", "--out", tmp,
+                                    os.path.join(SHIPPED, "rewrite_library.py"), "--", "--out", tmp,
                                     "--only", only), os.path.join(logs, "rewrite-%d.log" % n))
             if rc != 0:
                 return False
@@ -189,7 +191,7 @@ def check_case(case, work, blender):
     # 2. deps
     deps_json = os.path.join(logs, "deps.json")
     rc, secs = run(blender_cmd(blender, scene, "--python-exit-code", "3", "--python",
-                               os.path.join(HERE, "deps.py"), "--", "--out", deps_json),
+                               os.path.join(SHIPPED, "deps.py"), "--", "--out", deps_json),
                    os.path.join(logs, "deps.log"))
     if rc != 0:
         return dict(result, ok=False, why="deps.py failed (rc %d)" % rc)

@@ -1,7 +1,7 @@
 """Build a small Cycles test scene from scratch and save it as a .blend.
 
 Run with Blender (3.4+):
-    blender -b --factory-startup --python blender/make_scene.py -- --out PATH.blend [options]
+    blender -b --factory-startup --python tests/blender/make_scene.py -- --out PATH.blend [options]
 
 Options (after `--`):
     --kind anim|still|fail-driver|heavy   (default anim)

@@ -2,7 +2,7 @@
 
 Run with Blender (3.4+):
 
-    blender -b --factory-startup --python-exit-code 2 --python blender/make_asset_scenes.py -- \
+    blender -b --factory-startup --python-exit-code 2 --python tests/blender/make_asset_scenes.py -- \
         --dir OUT --case CASE
 
 OUT should be a fresh folder per case: the script writes the scene and every

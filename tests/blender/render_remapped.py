@@ -1,6 +1,6 @@
 """Test driver: load a scene from a job root, remap it, render frames.
 
-    blender -b JOBROOT/.../scene.blend --python-exit-code 3 --python blender/render_remapped.py -- \
+    blender -b JOBROOT/.../scene.blend --python-exit-code 3 --python tests/blender/render_remapped.py -- \
         --root JOBROOT --map MAP.json --out DIR --frames 1,2,3 [--problems OUT.json]
 
 MAP.json is remap.py's mapping ({old abs path: new abs path}); `{}` renders the
@@ -18,7 +18,9 @@ import sys
 
 import bpy
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# remap.py (and deps.py, which it imports) as shipped, in the repository's blender/.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "blender"))
 import remap  # noqa: E402  (needs the path above)
 
 
