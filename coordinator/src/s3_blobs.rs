@@ -52,7 +52,7 @@ use io::Io;
 
 use crate::blob_store::{BlobStore, BlobWriter};
 use crate::digest::Digest;
-use crate::error::Error;
+use crate::error::{Backend, Error, StoreFailure};
 use crate::store::StoreHealth;
 
 /// Blobs up to this size go up in one PUT; larger ones as multipart uploads
@@ -80,6 +80,8 @@ struct Inner {
     io: Io,
     /// `s3://bucket/prefix`, for messages.
     location: String,
+    /// The endpoint URL (or `AWS S3`), for messages.
+    endpoint: String,
     /// The key prefix without slashes at either end ("" for none).
     prefix: String,
     max_blob: u64,
@@ -197,6 +199,7 @@ impl S3BlobStore {
                 io: Io::new()?,
                 health: StoreHealth::blobs(format!("S3 {location} at {endpoint}")),
                 location,
+                endpoint: endpoint.clone(),
                 prefix,
                 max_blob,
                 sizes: Mutex::new(HashMap::new()),
@@ -435,18 +438,25 @@ impl Inner {
                     self.location
                 ))
             }
-            e => Error::io(
-                format!("cannot {what} in {}", self.location),
-                std::io::Error::other(e),
-            ),
+            e => StoreFailure::new(self.backend(), format!("cannot {what}: {e}")).into(),
+        }
+    }
+
+    /// What its failures name: the bucket and the endpoint.
+    fn backend(&self) -> Backend {
+        Backend::S3 {
+            location: self.location.clone(),
+            endpoint: self.endpoint.clone(),
         }
     }
 
     fn stopped(&self) -> Error {
-        Error::io(
-            format!("the S3 client for {} stopped", self.location),
-            std::io::Error::other("shutting down"),
+        StoreFailure::new(
+            self.backend(),
+            "its client stopped: the coordinator is shutting down",
         )
+        .fix("try again once the coordinator is back")
+        .into()
     }
 
     fn remember(&self, digest: Digest, size: u64) {
