@@ -17,7 +17,7 @@
 //! - [`cache`]: the scene cache, keyed by blake3 digest.
 //! - [`capabilities`]: the names of what a Blender can render (denoiser, OSL, EEVEE).
 //! - [`runtime`]: Blender runtimes (a binary, or the `bpy` module): running, installing, probing.
-//! - [`corrupt`]: TESTS ONLY: a worker that changes one pixel of its frames.
+//! - `corrupt`: TESTS ONLY (feature `test-hooks`): a worker that changes one pixel of its frames.
 //! - [`fileset`]: job roots built from file sets, and the bounded file cache.
 //! - [`transfer`]: streaming blobs to and from a coordinator (also used by the CLI).
 //! - [`gpu`]: probing the machine's GPUs (Vulkan) and their telemetry (NVML).
@@ -28,6 +28,7 @@ pub mod agent;
 pub mod blender;
 pub mod cache;
 pub mod capabilities;
+#[cfg(feature = "test-hooks")]
 pub mod corrupt;
 pub mod deadline;
 pub mod error;
