@@ -1,4 +1,8 @@
 //! The coordinator's error type. Callers decide on the variant, never on the text.
+//!
+//! A store's failure ([`Error::Store`]) is built where the backend is known
+//! (the sled, PostgreSQL, disk and S3 stores) and carries it ([`Backend`])
+//! with its fix, so that the gRPC and HTTP adapters pass it on as it is.
 
 use std::path::PathBuf;
 
