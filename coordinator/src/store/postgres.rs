@@ -440,13 +440,14 @@ impl Conn {
                 ),
                 other => (other.to_string(), true),
             };
-            let msg = format!(
-                "cannot connect to PostgreSQL at {target}: {detail}; check that the server runs and that --store (or $TESSERA_STORE) names its host, port, user and database"
-            );
+            let what = format!("cannot connect to PostgreSQL at {target}: {detail}");
+            let fix = "check that the server runs and that --store (or $TESSERA_STORE) names its host, port, user and database";
             if down {
-                Error::StoreUnavailable(msg)
+                Error::StoreUnavailable(format!("{what}; {fix}"))
             } else {
-                failure(msg)
+                StoreFailure::new(Backend::Postgres { at: None }, what)
+                    .fix(fix)
+                    .into()
             }
         })?;
         Ok(Conn(Some(object), false))
