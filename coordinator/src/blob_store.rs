@@ -399,6 +399,42 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_write_names_the_blob_directory_and_its_volume() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("blobs");
+        let store = FsBlobStore::open(&root, 1 << 20)
+            .unwrap()
+            .in_data_dir(dir.path());
+        // Its temporary folder becomes a file: nothing can be written.
+        std::fs::remove_dir(root.join("tmp")).unwrap();
+        std::fs::write(root.join("tmp"), b"not a folder").unwrap();
+        let Err(err) = store.writer(Digest::of(b"x"), 1) else {
+            panic!("a write into a broken blob directory was accepted");
+        };
+        let Error::Store(f) = &err else {
+            panic!("not a store failure: {err}");
+        };
+        assert_eq!(
+            f.backend,
+            Backend::BlobDir {
+                dir: root.clone(),
+                flag: "--data"
+            }
+        );
+        let text = err.to_string();
+        assert!(
+            text.starts_with(&format!("the blob store in {}: ", root.display())),
+            "{text}"
+        );
+        assert!(text.contains("--data volume"), "{text}");
+        // A blob that cannot be read names the directory too.
+        let d = Digest::of(b"unreadable");
+        std::fs::create_dir_all(store.path(&d)).unwrap();
+        let text = store.read(&d).unwrap_err().to_string();
+        assert!(text.contains(&root.display().to_string()), "{text}");
+    }
+
+    #[test]
     fn a_new_blob_syncs_its_directory_after_the_rename() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("blobs");
