@@ -16,5 +16,5 @@ ensure_rust
 ensure_s3_server
 ensure_postgres
 ensure_iptables
-cargo build -q -p tessera-cli
+cargo build -q -p tessera-cli --features test-hooks
 cargo run -q -p tessera-tests --bin tessera-chaos -- "$@"

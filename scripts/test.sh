@@ -23,23 +23,33 @@ else
   echo "note: the PostgreSQL store and failover tests are skipped (PostgreSQL could not be installed; see above)" >&2
 fi
 
+# The end-to-end tests use the worker's test-only flags (--fail-first-render,
+# --test-corrupt-pixel, --fake-gpu, --fake-telemetry), which exist only with
+# this feature. Every cargo command below that builds the binary builds it
+# with the feature, so that none of them leaves a target/debug/tessera
+# without them (the e2e harness builds it so too, and checks).
+hooks=(--features tessera-cli/test-hooks)
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
-cargo clippy --workspace --all-targets -q -- -D warnings
+cargo clippy --workspace --all-targets "${hooks[@]}" -q -- -D warnings
+# ...and as released, without the test hooks.
+cargo clippy -p tessera-worker -p tessera-cli --all-targets -q -- -D warnings
 echo "== one-way modules (scripts/check-modules.py, layers in ARCHITECTURE.md)"
 python3 scripts/check-modules.py
 echo "== alert rules (promtool)"
 promtool check rules scripts/monitoring/alerts.yml
 promtool test rules scripts/monitoring/alerts.test.yml
 echo "== build"
-cargo build --workspace --all-targets -q
+cargo build --workspace --all-targets "${hooks[@]}" -q
 ensure_bpy_runtime target/debug/tessera
 log="$(mktemp)"; trap 'rm -f "$log"' EXIT
 echo "== unit tests"
-cargo test --workspace --exclude tessera-tests 2>&1 | tee -a "$log"
+cargo test --workspace --exclude tessera-tests "${hooks[@]}" 2>&1 | tee -a "$log"
 echo "== end-to-end tests (real coordinator, workers and Blender)"
 # One at a time: each test runs several Blender processes on a small machine.
+# (It builds no tessera binary; its harness builds one with the hooks.)
 cargo test -p tessera-tests -- --test-threads=1 2>&1 | tee -a "$log"
 # One closing line for the whole suite.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }

@@ -120,10 +120,12 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         max_root_bytes: 50 << 30,
         path_map: Vec::new(),
         grace: std::time::Duration::ZERO,
+        #[cfg(feature = "test-hooks")]
         fail_first_render: false,
         price_per_hour: 0.0,
         capacity: "on-demand".into(),
         untrusted: false,
+        #[cfg(feature = "test-hooks")]
         test_corrupt_pixel: false,
         allow_scene_python: args.job.scene_python,
     };

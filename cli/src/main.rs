@@ -490,9 +490,11 @@ struct WorkerArgs {
     tag: Vec<String>,
     /// TEST ONLY: declare a GPU that is not there, as "NAME:GB" (repeatable). Its slot is matched as
     /// that GPU but renders on the CPU unless --device cuda|optix is forced.
+    #[cfg(feature = "test-hooks")]
     #[arg(long = "fake-gpu", value_name = "NAME:GB")]
     fake_gpu: Vec<String>,
     /// TEST ONLY: a JSON file of declared GPUs' telemetry, re-read at every report.
+    #[cfg(feature = "test-hooks")]
     #[arg(long = "fake-telemetry", value_name = "FILE")]
     fake_telemetry: Option<PathBuf>,
     /// Seconds between GPU telemetry reports.
@@ -528,6 +530,7 @@ struct WorkerArgs {
     token_file: Option<PathBuf>,
     /// TEST ONLY: the first Blender session of each slot fails its renders as a crashing GPU
     /// driver would, so tests can check that a failed session is never used again.
+    #[cfg(feature = "test-hooks")]
     #[arg(long, hide = true)]
     fail_first_render: bool,
     /// What this whole machine costs per hour (any currency); each slot is
@@ -551,6 +554,7 @@ struct WorkerArgs {
     allow_scene_python: bool,
     /// TEST ONLY: change one pixel of every PNG this worker renders, after
     /// Blender wrote it, so tests can check that verification catches it.
+    #[cfg(feature = "test-hooks")]
     #[arg(long, hide = true)]
     test_corrupt_pixel: bool,
 }
@@ -751,5 +755,41 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The worker's test-only flags exist only with the `test-hooks` feature.
+    #[test]
+    fn test_hooks_are_flags_only_with_their_feature() {
+        for hook in [
+            &["--fail-first-render"][..],
+            &["--test-corrupt-pixel"],
+            &["--fake-gpu", "RTX 4090:24"],
+            &["--fake-telemetry", "t.json"],
+        ] {
+            let args = ["tessera", "worker"].iter().chain(hook);
+            let parsed = Cli::try_parse_from(args);
+            assert_eq!(
+                parsed.is_ok(),
+                cfg!(feature = "test-hooks"),
+                "{hook:?}: {:?}",
+                parsed.err().map(|e| e.to_string())
+            );
+        }
+        let help = <Cli as clap::CommandFactory>::command()
+            .find_subcommand_mut("worker")
+            .expect("a worker command")
+            .render_long_help()
+            .to_string();
+        assert_eq!(
+            help.contains("--fake-gpu"),
+            cfg!(feature = "test-hooks"),
+            "{help}"
+        );
+        assert!(!help.contains("--fail-first-render"), "hidden: {help}");
     }
 }

@@ -51,8 +51,10 @@ pub async fn run(url: &Access, args: WorkerArgs) -> Result<()> {
     for note in probe.notes() {
         tracing::info!("hardware: {note}");
     }
+    #[cfg_attr(not(feature = "test-hooks"), allow(unused_mut))]
     let mut gpus: Vec<tessera_worker::gpu::GpuInfo> = probe.gpus().to_vec();
     let probed = gpus.len();
+    #[cfg(feature = "test-hooks")]
     for (i, d) in args.fake_gpu.iter().enumerate() {
         let declared: tessera_worker::slots::DeclaredGpu = d.parse().map_err(anyhow::Error::msg)?;
         gpus.push(declared.info((probed + i) as u32));
@@ -106,6 +108,7 @@ pub async fn run(url: &Access, args: WorkerArgs) -> Result<()> {
         gpus,
         probed,
         probe: Some(probe.clone()),
+        #[cfg(feature = "test-hooks")]
         declared_telemetry: args.fake_telemetry.clone(),
         interval: std::time::Duration::from_secs_f64(args.telemetry_interval),
         notes: probe.notes().to_vec(),
@@ -142,10 +145,12 @@ pub async fn run(url: &Access, args: WorkerArgs) -> Result<()> {
         } else {
             grace(args.grace)?
         },
+        #[cfg(feature = "test-hooks")]
         fail_first_render: args.fail_first_render,
         price_per_hour: price(args.price_per_hour)?,
         capacity: args.capacity.clone(),
         untrusted: args.untrusted,
+        #[cfg(feature = "test-hooks")]
         test_corrupt_pixel: args.test_corrupt_pixel,
         allow_scene_python: args.allow_scene_python,
     };

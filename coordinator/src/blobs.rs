@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use crate::digest::Digest;
-use crate::error::Error;
+use crate::error::{Backend, Error};
 use crate::space::Volume;
 
 pub mod aws_profile;
@@ -100,15 +100,21 @@ pub struct FsBlobStore {
     root: PathBuf,
     max_blob: u64,
     volume: Volume,
+    /// What its failures name: the directory and its volume's flag.
+    backend: Backend,
 }
 
 impl FsBlobStore {
     /// Opens (creating) the store at `root`. Left-over temporary files of an
     /// earlier crash are removed.
     pub fn open(root: &Path, max_blob: u64) -> Result<Self, Error> {
+        let backend = Backend::BlobDir {
+            dir: root.to_path_buf(),
+            flag: "--blobs",
+        };
         let tmp = root.join("tmp");
         std::fs::create_dir_all(&tmp)
-            .map_err(|e| Error::io(format!("cannot create {}", tmp.display()), e))?;
+            .map_err(|e| Error::io(format!("cannot create {}", tmp.display()), e).on(&backend))?;
         if let Ok(entries) = std::fs::read_dir(&tmp) {
             for entry in entries.flatten() {
                 let _ = std::fs::remove_file(entry.path());
@@ -118,6 +124,7 @@ impl FsBlobStore {
             root: root.to_path_buf(),
             max_blob,
             volume: Volume::new(root, "--blobs"),
+            backend,
         })
     }
 
@@ -125,7 +132,16 @@ impl FsBlobStore {
     /// `DIR/blobs`) rather than `--blobs (ROOT)`.
     pub fn in_data_dir(mut self, data: &Path) -> Self {
         self.volume = Volume::new(data, "--data");
+        self.backend = Backend::BlobDir {
+            dir: self.root.clone(),
+            flag: "--data",
+        };
         self
+    }
+
+    /// An I/O failure of this store, naming its directory and the fix.
+    fn fail(&self, context: String, e: std::io::Error) -> Error {
+        Error::io(context, e).on(&self.backend)
     }
 
     /// The file path of a blob (present or not).
@@ -144,6 +160,7 @@ struct FsWriter {
     file: Option<tempfile::NamedTempFile>,
     final_path: PathBuf,
     volume: Volume,
+    backend: Backend,
     /// A write failed: the upload can no longer be committed.
     failed: bool,
 }
@@ -172,7 +189,8 @@ impl BlobWriter for FsWriter {
                 self.failed = true;
                 return Err(self
                     .volume
-                    .write_error(format!("cannot write blob {}", self.claimed), e));
+                    .write_error(format!("cannot write blob {}", self.claimed), e)
+                    .on(&self.backend));
             }
         }
         Ok(())
@@ -195,23 +213,24 @@ impl BlobWriter for FsWriter {
         let Some(file) = self.file else {
             return Ok(true);
         };
-        let volume = &self.volume;
+        let (volume, backend) = (&self.volume, &self.backend);
+        let failed = |context: String, e| volume.write_error(context, e).on(backend);
         file.as_file()
             .sync_all()
-            .map_err(|e| volume.write_error("cannot sync a blob to disk".into(), e))?;
+            .map_err(|e| failed("cannot sync a blob to disk".into(), e))?;
         let parent = self.final_path.parent().expect("blob path has a parent");
         let new_shard = !parent.is_dir();
         std::fs::create_dir_all(parent)
-            .map_err(|e| volume.write_error(format!("cannot create {}", parent.display()), e))?;
+            .map_err(|e| failed(format!("cannot create {}", parent.display()), e))?;
         if new_shard {
             // The shard directory's own entry must reach the disk too.
-            sync_dir(parent.parent().expect("shard has a parent"))?;
+            sync_dir(parent.parent().expect("shard has a parent")).map_err(|e| e.on(backend))?;
         }
         file.persist(&self.final_path)
-            .map_err(|e| volume.write_error("cannot move a blob into place".into(), e.error))?;
+            .map_err(|e| failed("cannot move a blob into place".into(), e.error))?;
         // A rename is durable only once its directory is: without this, a
         // power cut can lose a blob that was acknowledged.
-        sync_dir(parent)?;
+        sync_dir(parent).map_err(|e| e.on(backend))?;
         Ok(false)
     }
 }
@@ -229,7 +248,7 @@ impl BlobStore for FsBlobStore {
     fn remove(&self, digest: &Digest) -> Result<(), Error> {
         match std::fs::remove_file(self.path(digest)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(Error::io(format!("cannot remove blob {digest}"), e))
+                Err(self.fail(format!("cannot remove blob {digest}"), e))
             }
             _ => Ok(()),
         }
@@ -259,6 +278,7 @@ impl BlobStore for FsBlobStore {
                 tempfile::NamedTempFile::new_in(self.root.join("tmp")).map_err(|e| {
                     self.volume
                         .write_error("cannot create a temporary blob file".into(), e)
+                        .on(&self.backend)
                 })?,
             )
         };
@@ -271,6 +291,7 @@ impl BlobStore for FsBlobStore {
             file,
             final_path: self.path(&digest),
             volume: self.volume.clone(),
+            backend: self.backend.clone(),
             failed: false,
         }))
     }
@@ -278,7 +299,7 @@ impl BlobStore for FsBlobStore {
     fn read(&self, digest: &Digest) -> Result<Vec<u8>, Error> {
         std::fs::read(self.path(digest)).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => Error::NotFound(format!("blob {digest}")),
-            _ => Error::io(format!("cannot read blob {digest}"), e),
+            _ => self.fail(format!("cannot read blob {digest}"), e),
         })
     }
 
@@ -286,14 +307,14 @@ impl BlobStore for FsBlobStore {
         use std::io::{Read, Seek, SeekFrom};
         let mut file = std::fs::File::open(self.path(digest)).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => Error::NotFound(format!("blob {digest}")),
-            _ => Error::io(format!("cannot read blob {digest}"), e),
+            _ => self.fail(format!("cannot read blob {digest}"), e),
         })?;
         file.seek(SeekFrom::Start(offset))
-            .map_err(|e| Error::io(format!("cannot read blob {digest}"), e))?;
+            .map_err(|e| self.fail(format!("cannot read blob {digest}"), e))?;
         let mut buf = Vec::with_capacity(len);
         file.take(len as u64)
             .read_to_end(&mut buf)
-            .map_err(|e| Error::io(format!("cannot read blob {digest}"), e))?;
+            .map_err(|e| self.fail(format!("cannot read blob {digest}"), e))?;
         Ok(buf)
     }
 }
@@ -377,7 +398,8 @@ impl BlobStore for MemoryBlobStore {
             return Err(Error::io(
                 format!("cannot read blob {digest}"),
                 std::io::Error::other("injected read failure"),
-            ));
+            )
+            .on(&Backend::Memory));
         }
         self.blobs
             .lock()
@@ -402,6 +424,42 @@ mod tests {
     thread_local! {
         /// Directories this thread synced.
         pub(super) static DIR_SYNCS: std::cell::RefCell<Vec<PathBuf>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    #[test]
+    fn a_failed_write_names_the_blob_directory_and_its_volume() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("blobs");
+        let store = FsBlobStore::open(&root, 1 << 20)
+            .unwrap()
+            .in_data_dir(dir.path());
+        // Its temporary folder becomes a file: nothing can be written.
+        std::fs::remove_dir(root.join("tmp")).unwrap();
+        std::fs::write(root.join("tmp"), b"not a folder").unwrap();
+        let Err(err) = store.writer(Digest::of(b"x"), 1) else {
+            panic!("a write into a broken blob directory was accepted");
+        };
+        let Error::Store(f) = &err else {
+            panic!("not a store failure: {err}");
+        };
+        assert_eq!(
+            f.backend,
+            Backend::BlobDir {
+                dir: root.clone(),
+                flag: "--data"
+            }
+        );
+        let text = err.to_string();
+        assert!(
+            text.starts_with(&format!("the blob store in {}: ", root.display())),
+            "{text}"
+        );
+        assert!(text.contains("--data volume"), "{text}");
+        // A blob that cannot be read names the directory too.
+        let d = Digest::of(b"unreadable");
+        std::fs::create_dir_all(store.path(&d)).unwrap();
+        let text = store.read(&d).unwrap_err().to_string();
+        assert!(text.contains(&root.display().to_string()), "{text}");
     }
 
     #[test]

@@ -54,7 +54,7 @@ use std::time::{Duration, Instant};
 use crate::error::Error;
 use crate::health::StoreHealth;
 use crate::store::postgres::{
-    connect, describe, parse_url, pg_error, session_settings, PgTls, CHECK_SERVER,
+    connect, describe, located, parse_url, pg_error, session_settings, PgTls, CHECK_SERVER,
 };
 
 pub mod standby;
@@ -241,7 +241,7 @@ impl Election {
                 .map_err(|e| pg_error(&format!("cannot {what}"), e))
         };
         let result = match tokio::time::timeout(deadline, attempt).await {
-            Ok(r) => r,
+            Ok(r) => r.map_err(|e| located(e, &config_address(&self.config))),
             Err(_) => Err(Error::StoreUnavailable(format!(
                 "cannot {what}: {} did not answer within {} ms; {CHECK_SERVER}",
                 describe_config(&self.config),
@@ -464,16 +464,18 @@ impl Election {
 
 /// `PostgreSQL at HOST:PORT/DB` of a parsed configuration.
 fn describe_config(config: &tokio_postgres::Config) -> String {
+    format!("PostgreSQL at {}", config_address(config))
+}
+
+/// `HOST:PORT/DB` of a parsed configuration.
+fn config_address(config: &tokio_postgres::Config) -> String {
     let host = match config.get_hosts().first() {
         Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
         Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
         None => "localhost".into(),
     };
     let port = config.get_ports().first().copied().unwrap_or(5432);
-    format!(
-        "PostgreSQL at {host}:{port}/{}",
-        config.get_dbname().unwrap_or("")
-    )
+    format!("{host}:{port}/{}", config.get_dbname().unwrap_or(""))
 }
 
 /// A name for this coordinator in the leader row: host and process id.

@@ -288,6 +288,6 @@ impl Coordinator {
         if let Some(t) = http_task {
             let _ = t.await;
         }
-        result.map_err(|e| Error::Store(format!("server stopped: {e}")))
+        result.map_err(|e| Error::Internal(format!("the gRPC server stopped: {e}")))
     }
 }

@@ -17,7 +17,7 @@ use sled::Transactional;
 
 use crate::auth::UserRecord;
 use crate::digest::Digest;
-use crate::error::Error;
+use crate::error::{Backend, Error, StoreFailure};
 use crate::model::job::{Job, JobId};
 use crate::model::task::Task;
 use crate::model::worker::{WorkerId, WorkerRecord};
@@ -124,13 +124,8 @@ fn grant_key(user: &str, d: &Digest) -> Vec<u8> {
     format!("{user}\0{d}").into_bytes()
 }
 
-fn parse_grant_key(key: &[u8]) -> Result<(String, Digest), Error> {
-    let bad = || {
-        Error::Store(format!(
-            "corrupt grant key {:?}",
-            String::from_utf8_lossy(key)
-        ))
-    };
+fn parse_grant_key(key: &[u8]) -> Result<(String, Digest), Fault> {
+    let bad = || Fault::Corrupt(format!("grant key {:?}", String::from_utf8_lossy(key)));
     let text = std::str::from_utf8(key).map_err(|_| bad())?;
     let (user, hex) = text.split_once('\0').ok_or_else(bad)?;
     Ok((user.to_string(), hex.parse().map_err(|_| bad())?))
@@ -182,6 +177,54 @@ pub struct SledStore {
 /// 5 = archive, 6 = archive outputs, 7 = meta, 8 = stitched frames.
 type Encoded = (u8, Vec<u8>, Option<Vec<u8>>);
 
+/// A failure inside a call on sled, named with the store's directory by
+/// [`SledStore::with`] (sled's own errors do not say where).
+#[derive(Debug)]
+enum Fault {
+    Sled(sled::Error),
+    Json(serde_json::Error),
+    /// A record or key that does not parse.
+    Corrupt(String),
+    Other(Error),
+}
+
+impl From<sled::Error> for Fault {
+    fn from(e: sled::Error) -> Self {
+        Self::Sled(e)
+    }
+}
+
+impl From<serde_json::Error> for Fault {
+    fn from(e: serde_json::Error) -> Self {
+        Self::Json(e)
+    }
+}
+
+impl From<Error> for Fault {
+    fn from(e: Error) -> Self {
+        Self::Other(e)
+    }
+}
+
+impl Fault {
+    /// The failure of the sled store in `dir`, with the fix that fits it.
+    fn on(self, dir: &Path) -> Error {
+        let backend = Backend::Sled {
+            dir: dir.to_path_buf(),
+        };
+        let corrupt = |what: String| {
+            StoreFailure::new(backend.clone(), format!("corrupt record: {what}"))
+                .fix("its records are damaged; restore the --data directory from a backup")
+        };
+        match self {
+            Self::Sled(e) => StoreFailure::new(backend, e.to_string()).into(),
+            Self::Json(e) => corrupt(e.to_string()).into(),
+            Self::Corrupt(what) => corrupt(what).into(),
+            Self::Other(e) => e.on(&backend),
+        }
+    }
+}
+
 /// Bytes of the ballast file that gives sled room to open again on a full disk.
 pub const BALLAST: u64 = 16 << 20;
 
@@ -206,6 +249,9 @@ struct Sled {
 
 impl Sled {
     fn open(path: &Path) -> Result<Self, Error> {
+        let backend = Backend::Sled {
+            dir: path.to_path_buf(),
+        };
         // The farm keeps every live record in memory itself; sled's page
         // cache (1 GiB by default) would only double it.
         let db = sled::Config::new()
@@ -213,23 +259,27 @@ impl Sled {
             .cache_capacity(64 << 20)
             .open()
             .map_err(|e| {
-                Error::Store(format!(
-                    "cannot open {}: {e}; is another coordinator using this --data directory?",
-                    path.display()
-                ))
+                StoreFailure::new(backend.clone(), format!("cannot open it: {e}")).fix(
+                    "check that no other coordinator uses this --data directory and that it is writable",
+                )
             })?;
-        let log = std::fs::File::open(path.join("db"))
-            .map_err(|e| Error::Store(format!("cannot open {}: {e}", path.join("db").display())))?;
+        let log = std::fs::File::open(path.join("db")).map_err(|e| {
+            StoreFailure::new(
+                backend.clone(),
+                format!("cannot open {}: {e}", path.join("db").display()),
+            )
+        })?;
+        let tree = |name: &str| db.open_tree(name).map_err(|e| Fault::from(e).on(path));
         Ok(Self {
-            jobs: db.open_tree("jobs")?,
-            tasks: db.open_tree("tasks")?,
-            workers: db.open_tree("workers")?,
-            users: db.open_tree("users")?,
-            grants: db.open_tree("grants")?,
-            archive: db.open_tree("archive")?,
-            archive_outputs: db.open_tree("archive_outputs")?,
-            meta: db.open_tree("meta")?,
-            stitched: db.open_tree("stitched")?,
+            jobs: tree("jobs")?,
+            tasks: tree("tasks")?,
+            workers: tree("workers")?,
+            users: tree("users")?,
+            grants: tree("grants")?,
+            archive: tree("archive")?,
+            archive_outputs: tree("archive_outputs")?,
+            meta: tree("meta")?,
+            stitched: tree("stitched")?,
             log,
             value_dir: path.join("blobs"),
             synced_values: Default::default(),
@@ -273,29 +323,50 @@ impl SledStore {
         Ok(store)
     }
 
+    /// What its failures name: the sled store in its directory.
+    fn backend(&self) -> Backend {
+        Backend::Sled {
+            dir: self.path.clone(),
+        }
+    }
+
+    /// A failure of this store, with `what` in words.
+    fn fail(&self, what: impl Into<String>) -> Error {
+        StoreFailure::new(self.backend(), what).into()
+    }
+
+    /// A failure inside a call on sled, naming this store.
+    fn fault(&self, e: impl Into<Fault>) -> Error {
+        e.into().on(&self.path)
+    }
+
     /// Runs `f` on the open database, opening it again first if a failed
     /// write closed it.
-    fn with<T>(&self, f: impl FnOnce(&Sled) -> Result<T, Error>) -> Result<T, Error> {
+    fn with<T>(&self, f: impl FnOnce(&Sled) -> Result<T, Fault>) -> Result<T, Error> {
         {
             let guard = self.sled.read().unwrap_or_else(|e| e.into_inner());
             if let Some(s) = guard.as_ref() {
-                return f(s);
+                return f(s).map_err(|e| self.fault(e));
             }
         }
         self.reopen()?;
         let guard = self.sled.read().unwrap_or_else(|e| e.into_inner());
         match guard.as_ref() {
-            Some(s) => f(s),
+            Some(s) => f(s).map_err(|e| self.fault(e)),
             None => Err(self.closed()),
         }
     }
 
     fn closed(&self) -> Error {
-        Error::Store(format!(
-            "the metadata in {} is closed after a failed write and cannot be opened again yet; free space on {} and try again",
-            self.path.display(),
+        StoreFailure::new(
+            self.backend(),
+            "it is closed after a failed write and cannot be opened again yet",
+        )
+        .fix(format!(
+            "free space on the --data volume ({}) and try again",
             self.volume.path().display()
         ))
+        .into()
     }
 
     /// Makes the ballast file when it is missing and there is room for it.
@@ -342,7 +413,7 @@ impl SledStore {
         if let Some(undo) = pending.as_ref() {
             let mut stored = false;
             for (tree, key, old) in undo {
-                let now = sled.tree(*tree).get(key)?;
+                let now = sled.tree(*tree).get(key).map_err(|e| self.fault(e))?;
                 stored |= now.as_deref() != old.as_deref();
             }
             if stored {
@@ -452,31 +523,21 @@ impl MetaStore for SledStore {
         for r in records {
             let mut also: Vec<Encoded> = Vec::new();
             encoded.push(match r {
-                Record::Job(j) => (
-                    0u8,
-                    j.id.0.to_be_bytes().to_vec(),
-                    Some(serde_json::to_vec(j)?),
-                ),
-                Record::Task(t) => (
-                    1,
-                    task_key(t.job, t.index).to_vec(),
-                    Some(serde_json::to_vec(t)?),
-                ),
-                Record::Worker(w) => (2, w.id.0.as_bytes().to_vec(), Some(serde_json::to_vec(w)?)),
-                Record::User(u) => (3, u.name.as_bytes().to_vec(), Some(serde_json::to_vec(u)?)),
+                Record::Job(j) => (0u8, j.id.0.to_be_bytes().to_vec(), Some(self.json(j)?)),
+                Record::Task(t) => (1, task_key(t.job, t.index).to_vec(), Some(self.json(t)?)),
+                Record::Worker(w) => (2, w.id.0.as_bytes().to_vec(), Some(self.json(w)?)),
+                Record::User(u) => (3, u.name.as_bytes().to_vec(), Some(self.json(u)?)),
                 Record::RemoveUser(name) => (3, name.as_bytes().to_vec(), None),
                 Record::Grant(user, d) => (4, grant_key(user, d), Some(Vec::new())),
                 Record::Archive(a) => {
                     let key = a.summary.job.id.0.to_be_bytes().to_vec();
-                    also.push((6, key.clone(), Some(serde_json::to_vec(&a.outputs)?)));
-                    also.push((5, key.clone(), Some(serde_json::to_vec(a)?)));
+                    also.push((6, key.clone(), Some(self.json(&a.outputs)?)));
+                    also.push((5, key.clone(), Some(self.json(a)?)));
                     (0, key, None)
                 }
-                Record::Stitched(job, o) => (
-                    8,
-                    task_key(*job, o.frame).to_vec(),
-                    Some(serde_json::to_vec(o)?),
-                ),
+                Record::Stitched(job, o) => {
+                    (8, task_key(*job, o.frame).to_vec(), Some(self.json(o)?))
+                }
                 Record::Delete(id) => {
                     let key = id.0.to_be_bytes().to_vec();
                     let next = (id.0 + 1).max(next_job()?);
@@ -514,7 +575,7 @@ impl MetaStore for SledStore {
             // be handed out twice).
             let undo: Vec<_> = before.into_iter().rev().collect();
             match self.apply(s, &undo).and_then(|_| self.flush(s)) {
-                Ok(()) => Err(e),
+                Ok(()) => Err(Fault::from(e)),
                 // sled refuses everything after a failed write: it must be
                 // opened again, outside this read lock.
                 Err(_) => Ok(Some((e, undo))),
@@ -532,19 +593,33 @@ impl MetaStore for SledStore {
         if let Err(again) = self.reopen() {
             tracing::error!("{again}");
             *self.sled.write().unwrap_or_else(|e| e.into_inner()) = None;
-            return Err(Error::Store(format!(
-                "{e}; the metadata store could not be opened again ({again}): free space on {} and try again",
+            let what = match &e {
+                Error::Store(f) => f.what.clone(),
+                e => e.to_string(),
+            };
+            return Err(StoreFailure::new(
+                self.backend(),
+                format!("{what}, and it could not be opened again ({again})"),
+            )
+            .fix(format!(
+                "free space on the --data volume ({}) and try again",
                 self.volume.path().display()
-            )));
+            ))
+            .into());
         }
         Err(e)
     }
 }
 
 impl SledStore {
+    /// A record in JSON.
+    fn json<T: serde::Serialize + ?Sized>(&self, v: &T) -> Result<Vec<u8>, Error> {
+        serde_json::to_vec(v).map_err(|e| self.fail(format!("cannot encode a record: {e}")))
+    }
+
     /// Attaches each job's stitched frames; frames that an older record kept
     /// inside its job are written as records of their own first.
-    fn load_stitched(&self, s: &Sled, jobs: &mut BTreeMap<JobId, Job>) -> Result<(), Error> {
+    fn load_stitched(&self, s: &Sled, jobs: &mut BTreeMap<JobId, Job>) -> Result<(), Fault> {
         let mut batch = sled::Batch::default();
         let mut moved = 0usize;
         for job in jobs.values() {
@@ -567,10 +642,9 @@ impl SledStore {
         let mut frames: BTreeMap<JobId, Vec<crate::model::task::FrameOutput>> = BTreeMap::new();
         for item in s.stitched.iter() {
             let (k, v) = item?;
-            let id =
-                JobId(u64::from_be_bytes(k[..8].try_into().map_err(|_| {
-                    Error::Store("corrupt stitched-frame key".into())
-                })?));
+            let id = JobId(u64::from_be_bytes(k[..8].try_into().map_err(|_| {
+                Fault::Corrupt(format!("stitched-frame key {:?}", k.as_ref()))
+            })?));
             if jobs.contains_key(&id) {
                 frames
                     .entry(id)
@@ -587,7 +661,7 @@ impl SledStore {
     }
 
     /// The least id a new job may have, as last stored.
-    fn next_job(s: &Sled) -> Result<u64, Error> {
+    fn next_job(s: &Sled) -> Result<u64, Fault> {
         Ok(s.meta
             .get(b"next_job")?
             .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
@@ -639,8 +713,9 @@ impl SledStore {
             .map_err(|e: TransactionError<()>| match e {
                 TransactionError::Storage(sled::Error::Io(io)) => self
                     .volume
-                    .write_error("cannot write the metadata".into(), io),
-                e => Error::Store(format!("transaction failed: {e:?}")),
+                    .write_error("cannot write the metadata".into(), io)
+                    .on(&self.backend()),
+                e => self.fail(format!("the transaction failed: {e:?}")),
             })
     }
 
@@ -650,21 +725,19 @@ impl SledStore {
             .fail_flush
             .swap(false, std::sync::atomic::Ordering::SeqCst)
         {
-            return Err(Error::Store(
-                "cannot flush the metadata to disk: injected failure".into(),
-            ));
+            return Err(self.fail("cannot flush the metadata to disk: injected failure"));
         }
         s.db.flush().map_err(|e| match e {
             sled::Error::Io(io) => self
                 .volume
-                .write_error("cannot flush the metadata to disk".into(), io),
-            e => Error::Store(format!(
-                "cannot flush the metadata to disk: {e}; check the --data volume"
-            )),
+                .write_error("cannot flush the metadata to disk".into(), io)
+                .on(&self.backend()),
+            e => self.fail(format!("cannot flush the metadata to disk: {e}")),
         })?;
         Self::sync(s).map_err(|e| {
             self.volume
                 .write_error("cannot sync the metadata to disk".into(), e)
+                .on(&self.backend())
         })
     }
 
@@ -777,9 +850,11 @@ impl MetaStore for MemoryStore {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
         if failing {
-            return Err(Error::Store(
-                "cannot flush the metadata to disk: injected failure".into(),
-            ));
+            return Err(StoreFailure::new(
+                Backend::Memory,
+                "cannot flush the metadata to disk: injected failure",
+            )
+            .into());
         }
         let mut inner = self.inner.lock().unwrap();
         for r in records {
@@ -967,6 +1042,35 @@ mod tests {
         assert!(
             store.with(|s| Ok(s.tasks.is_empty())).unwrap(),
             "no task of job 2 is left behind"
+        );
+    }
+
+    #[test]
+    fn a_failed_write_names_the_sled_directory_and_its_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("db");
+        let store = SledStore::open(&db).unwrap();
+        store
+            .fail_flush
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let err = store.write(&[Record::Job(&job(1))]).unwrap_err();
+        let Error::Store(f) = &err else {
+            panic!("not a store failure: {err}");
+        };
+        assert_eq!(f.backend, Backend::Sled { dir: db.clone() });
+        let text = err.to_string();
+        assert!(text.contains(&db.display().to_string()), "{text}");
+        assert!(text.contains("--data volume"), "{text}");
+        // A record that does not parse says so, and names the directory.
+        store
+            .with(|s| Ok(s.jobs.insert(7u64.to_be_bytes(), b"{not json".to_vec())?))
+            .unwrap();
+        let err = store.load().unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains(&db.display().to_string()), "{text}");
+        assert!(
+            text.contains("corrupt record") && text.contains("backup"),
+            "{text}"
         );
     }
 

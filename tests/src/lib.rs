@@ -40,7 +40,10 @@ pub fn root() -> PathBuf {
         .to_path_buf()
 }
 
-/// The `tessera` binary, built once if missing.
+/// The `tessera` binary with its test hooks (feature `test-hooks`: the
+/// worker's `--fail-first-render`, `--test-corrupt-pixel`, `--fake-gpu` and
+/// `--fake-telemetry`), built once per test process: a `cargo build` or
+/// `cargo test` without the feature may have left one without them.
 pub fn tessera() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
@@ -49,6 +52,7 @@ pub fn tessera() -> PathBuf {
         let mut build = Command::new(env!("CARGO"));
         build
             .args(["build", "-q", "-p", "tessera-cli", "--bin", "tessera"])
+            .args(["--features", "test-hooks"])
             .current_dir(root());
         // Cargo sets these for the test; ring's build script reruns when one
         // changes, which would rebuild the TLS stack here and again in the
@@ -70,9 +74,27 @@ pub fn tessera() -> PathBuf {
         }
         let status = build.status().expect("cargo runs");
         assert!(status.success(), "building tessera failed");
-        target.join("debug").join("tessera")
+        let bin = target.join("debug").join("tessera");
+        assert_test_hooks(&bin);
+        bin
     })
     .clone()
+}
+
+/// Fails with what to do when `bin` lacks the test hooks the end-to-end
+/// tests use (clap refuses an unknown flag before it reads `--help`).
+fn assert_test_hooks(bin: &Path) {
+    let out = Command::new(bin)
+        .args(["worker", "--fail-first-render", "--test-corrupt-pixel"])
+        .args(["--fake-gpu", "X:1", "--fake-telemetry", "t.json", "--help"])
+        .output()
+        .expect("tessera runs");
+    assert!(
+        out.status.success(),
+        "{} was built without the test hooks the end-to-end tests use ({}); build it with `cargo build -p tessera-cli --features test-hooks` (scripts/test.sh does)",
+        bin.display(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
 }
 
 /// The Blender executable (`$TESSERA_BLENDER` or `blender`).

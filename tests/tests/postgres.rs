@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tessera_coordinator::error::{Backend, StoreFailure};
 use tessera_coordinator::ha::{Attempt, Election, Lease};
 use tessera_coordinator::store::suite::{self, Opener};
 use tessera_coordinator::store::{MetaStore, PgStore, Record, StoreHealth};
@@ -16,7 +17,9 @@ struct PgOpener<'a>(&'a PgServer);
 
 impl Opener for PgOpener<'_> {
     fn fresh(&mut self, case: &str) -> Result<Arc<dyn MetaStore>, Error> {
-        self.0.create_db(case).map_err(Error::Store)?;
+        self.0
+            .create_db(case)
+            .map_err(|m| StoreFailure::new(Backend::Postgres { at: None }, m))?;
         self.reopen(case)
     }
 

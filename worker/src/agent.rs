@@ -63,6 +63,7 @@ pub struct WorkerConfig {
     pub grace: Duration,
     /// TESTS ONLY: the first Blender session of each slot fails its renders
     /// as a crashing GPU driver would (`tessera worker --fail-first-render`).
+    #[cfg(feature = "test-hooks")]
     pub fail_first_render: bool,
     /// What the whole machine costs per hour (`--price-per-hour`).
     pub price_per_hour: f64,
@@ -72,6 +73,7 @@ pub struct WorkerConfig {
     pub untrusted: bool,
     /// TESTS ONLY: change one pixel of every PNG frame (`tessera worker
     /// --test-corrupt-pixel`, see [`crate::corrupt`]).
+    #[cfg(feature = "test-hooks")]
     pub test_corrupt_pixel: bool,
     /// The admin lets jobs run the Python stored in their scenes
     /// (`--allow-scene-python`; the worker then reports the `scene-python`
@@ -89,6 +91,7 @@ pub struct HardwareConfig {
     /// The probe, kept for live NVML telemetry.
     pub probe: Option<Arc<Hardware>>,
     /// A JSON file of declared GPUs' telemetry (tests of GPU health).
+    #[cfg(feature = "test-hooks")]
     pub declared_telemetry: Option<PathBuf>,
     /// How often telemetry is sent.
     pub interval: Duration,
@@ -772,7 +775,10 @@ async fn execute<R: Renderer>(
     let mut outputs = Vec::with_capacity(frames.len());
     let mut stats = Vec::with_capacity(frames.len());
     let mut warnings: Vec<String> = Vec::new();
+    #[cfg(feature = "test-hooks")]
     let corrupt = shared.config.test_corrupt_pixel;
+    #[cfg(not(feature = "test-hooks"))]
+    let corrupt = false;
     for f in frames {
         for w in &f.warnings {
             if !warnings.contains(w) {
@@ -868,6 +874,7 @@ pub async fn run_blender(
         dir: config.cache.join("blender"),
         idle,
         reuse,
+        #[cfg(feature = "test-hooks")]
         fail_first_render: config.fail_first_render,
     })?;
     run(config, renderer, shutdown).await

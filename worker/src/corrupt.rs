@@ -2,7 +2,8 @@
 //! changes one pixel of every PNG frame it renders, after Blender wrote it
 //! and before it is hashed, so that end-to-end tests can check that frame
 //! verification catches a worker whose frames differ from everyone else's.
-//! Never use it on a real farm: its frames are wrong on purpose.
+//! Never use it on a real farm: its frames are wrong on purpose. Compiled
+//! only with the `test-hooks` feature.
 
 /// Inverts the top bit of the first sample of the first pixel of a PNG and
 /// encodes it again (same colour type and depth, no text chunks).

@@ -19,7 +19,7 @@
 //! - [`disk`]: free space on the worker's disks, and the margin downloads leave.
 //! - [`capabilities`]: the names of what a Blender can render (denoiser, OSL, EEVEE).
 //! - [`runtime`]: Blender runtimes (a binary, or the `bpy` module): running, installing, probing.
-//! - [`corrupt`]: TESTS ONLY: a worker that changes one pixel of its frames.
+//! - `corrupt`: TESTS ONLY (feature `test-hooks`): a worker that changes one pixel of its frames.
 //! - [`fileset`]: job roots built from file sets, and the bounded file cache.
 //! - [`transfer`]: streaming blobs to and from a coordinator (also used by the CLI).
 //! - [`gpu`]: probing the machine's GPUs (Vulkan) and their telemetry (NVML).
@@ -31,6 +31,7 @@ pub mod blender;
 pub mod cache;
 pub mod capabilities;
 pub mod connect;
+#[cfg(feature = "test-hooks")]
 pub mod corrupt;
 pub mod deadline;
 pub mod disk;

@@ -21,7 +21,7 @@
 //! job; it is closed when the slot moves to another job, when it has been idle
 //! for the configured time, when its job ends, and when Blender dies.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -72,6 +72,7 @@ pub struct SessionConfig {
     pub reuse: bool,
     /// TESTS ONLY: the first session of each slot fails its renders as a
     /// crashing GPU driver would (`--fail-first-render`).
+    #[cfg(feature = "test-hooks")]
     pub fail_first_render: bool,
 }
 
@@ -397,7 +398,8 @@ pub struct SessionRenderer {
     script: PathBuf,
     bpy_run: PathBuf,
     /// Slots whose first session has started (for `fail_first_render`).
-    first_started: Mutex<HashSet<u32>>,
+    #[cfg(feature = "test-hooks")]
+    first_started: Mutex<std::collections::HashSet<u32>>,
     slots: Arc<Mutex<HashMap<u32, Session>>>,
 }
 
@@ -449,6 +451,7 @@ impl SessionRenderer {
             config,
             script,
             bpy_run,
+            #[cfg(feature = "test-hooks")]
             first_started: Mutex::default(),
             slots,
         })
@@ -471,8 +474,11 @@ impl SessionRenderer {
             .map_err(|e| disk(format!("cannot create {}: {e}", tmp.display())))?;
         let (reader, writer) =
             std::io::pipe().map_err(|e| disk(format!("cannot create a pipe for Blender: {e}")))?;
+        #[cfg(feature = "test-hooks")]
         let fail_renders =
             self.config.fail_first_render && self.first_started.lock().unwrap().insert(req.slot);
+        #[cfg(not(feature = "test-hooks"))]
+        let fail_renders = false;
         let mut cmd = runtime.command(
             Some(&req.scene),
             &self.script,

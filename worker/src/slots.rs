@@ -2,15 +2,18 @@
 //! where the card supports it, CUDA otherwise), CPU slots when there is no
 //! usable GPU, or the kind the user forces.
 //!
-//! `--fake-gpu "NAME:GB"` declares a GPU that is not there, so that matching
+//! `--fake-gpu "NAME:GB"` (feature `test-hooks`) declares a GPU that is not there, so that matching
 //! and health can be tested on machines without one. A declared GPU's slot is
 //! matched as that GPU, but renders on the CPU unless `--device cuda|optix`
 //! forces the GPU device (then Blender is asked for it and fails honestly).
 
 use crate::blender::Device;
-use crate::gpu::{GpuInfo, Telemetry};
+use crate::gpu::GpuInfo;
+#[cfg(any(test, feature = "test-hooks"))]
+use crate::gpu::Telemetry;
 
 /// Bytes in a GiB.
+#[cfg(any(test, feature = "test-hooks"))]
 const GIB: u64 = 1 << 30;
 
 /// What the user asked for with `--device`.
@@ -38,6 +41,7 @@ impl DeviceChoice {
 }
 
 /// A GPU declared on the command line (`NAME:GB`), for tests.
+#[cfg(any(test, feature = "test-hooks"))]
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeclaredGpu {
     /// Product name.
@@ -46,6 +50,7 @@ pub struct DeclaredGpu {
     pub memory_gb: f64,
 }
 
+#[cfg(any(test, feature = "test-hooks"))]
 impl std::str::FromStr for DeclaredGpu {
     type Err = String;
 
@@ -65,6 +70,7 @@ impl std::str::FromStr for DeclaredGpu {
     }
 }
 
+#[cfg(any(test, feature = "test-hooks"))]
 impl DeclaredGpu {
     /// The GPU as if probed, at `index`.
     pub fn info(&self, index: u32) -> GpuInfo {
@@ -166,6 +172,7 @@ pub fn plan(
 
 /// Reads declared GPUs' telemetry from a JSON file (an array, one object per
 /// declared GPU, fields as in [`Telemetry`]); for tests of GPU health.
+#[cfg(any(test, feature = "test-hooks"))]
 pub fn read_declared_telemetry(path: &std::path::Path) -> Vec<Option<Telemetry>> {
     let Ok(text) = std::fs::read_to_string(path) else {
         return Vec::new();

@@ -211,9 +211,15 @@ impl From<Error> for ApiError {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "use the active coordinator",
             ),
-            Error::Store(_) | Error::Io { .. } => (
+            // The failure carries its backend's fix, taken below.
+            Error::Store(_) => (StatusCode::SERVICE_UNAVAILABLE, "try again"),
+            Error::Io { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
-                "free space on the coordinator's --data volume or make it writable, then try again",
+                "check that path's disk and permissions, then try again",
+            ),
+            Error::Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "see the coordinator's log",
             ),
         };
         let error = e.to_string();
@@ -221,6 +227,7 @@ impl From<Error> for ApiError {
         // token's own advice is for the CLI, so HTTP callers get theirs.
         let hint = match &e {
             Error::Unauthenticated(_) => None,
+            Error::Store(f) => Some(f.fix.clone()),
             _ => error.rsplit_once("; ").map(|(_, h)| h.to_string()),
         }
         .unwrap_or_else(|| fallback.to_string());

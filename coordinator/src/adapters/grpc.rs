@@ -42,11 +42,15 @@ impl From<Error> for Status {
             Error::StoreUnavailable(m) => Status::unavailable(m),
             // Marked like a standby's refusal, so that clients move on.
             Error::NotActive(m) => crate::adapters::refusal::refusal_status(m),
-            // The coordinator's own storage failed (disk full, read-only):
-            // nothing was acknowledged; say so plainly.
-            Error::Store(_) | Error::Io { .. } => Status::resource_exhausted(format!(
-                "the coordinator cannot store this: {e}; free space on its --data volume or make it writable, then try again"
+            // A store failed: nothing was acknowledged. The failure names
+            // its backend and that backend's fix.
+            Error::Store(f) => {
+                Status::resource_exhausted(format!("the coordinator cannot store this: {f}"))
+            }
+            Error::Io { .. } => Status::resource_exhausted(format!(
+                "the coordinator cannot do this: {e}; check that path's disk and permissions, then try again"
             )),
+            Error::Internal(m) => Status::internal(m),
         }
     }
 }
@@ -618,5 +622,39 @@ impl pb::work_server::Work for WorkService {
         })
         .await?;
         Ok(Response::new(pb::Ack {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::{Backend, StoreFailure};
+
+    #[test]
+    fn a_store_failure_keeps_its_code_and_names_its_backend() {
+        let pg = Backend::Postgres {
+            at: Some("db.example:5432/farm".into()),
+        };
+        let s = Status::from(Error::from(StoreFailure::new(
+            pg,
+            "cannot store a change: x",
+        )));
+        assert_eq!(s.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            s.message().starts_with(
+                "the coordinator cannot store this: the PostgreSQL store at db.example:5432/farm: "
+            ),
+            "{}",
+            s.message()
+        );
+        assert!(!s.message().contains("--data"), "{}", s.message());
+        let sled = Backend::Sled {
+            dir: "/var/lib/tessera/db".into(),
+        };
+        let s = Status::from(Error::from(StoreFailure::new(sled, "cannot flush")));
+        assert_eq!(s.code(), tonic::Code::ResourceExhausted);
+        assert!(s.message().contains("--data volume"), "{}", s.message());
+        let s = Status::from(Error::Internal("a task panicked".into()));
+        assert_eq!(s.code(), tonic::Code::Internal);
     }
 }

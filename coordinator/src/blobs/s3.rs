@@ -49,7 +49,7 @@ use tokio::task::JoinHandle;
 
 use crate::blobs::{BlobStore, BlobWriter};
 use crate::digest::Digest;
-use crate::error::Error;
+use crate::error::{Backend, Error, StoreFailure};
 use crate::health::StoreHealth;
 
 /// Blobs up to this size go up in one PUT; larger ones as multipart uploads
@@ -77,6 +77,8 @@ struct Inner {
     io: crate::bridge::Bridge,
     /// `s3://bucket/prefix`, for messages.
     location: String,
+    /// The endpoint URL (or `AWS S3`), for messages.
+    endpoint: String,
     /// The key prefix without slashes at either end ("" for none).
     prefix: String,
     max_blob: u64,
@@ -194,6 +196,7 @@ impl S3BlobStore {
                 io: crate::bridge::Bridge::new("s3", "the S3 client")?,
                 health: StoreHealth::blobs(format!("S3 {location} at {endpoint}")),
                 location,
+                endpoint: endpoint.clone(),
                 prefix,
                 max_blob,
                 sizes: Mutex::new(HashMap::new()),
@@ -432,18 +435,25 @@ impl Inner {
                     self.location
                 ))
             }
-            e => Error::io(
-                format!("cannot {what} in {}", self.location),
-                std::io::Error::other(e),
-            ),
+            e => StoreFailure::new(self.backend(), format!("cannot {what}: {e}")).into(),
+        }
+    }
+
+    /// What its failures name: the bucket and the endpoint.
+    fn backend(&self) -> Backend {
+        Backend::S3 {
+            location: self.location.clone(),
+            endpoint: self.endpoint.clone(),
         }
     }
 
     fn stopped(&self) -> Error {
-        Error::io(
-            format!("the S3 client for {} stopped", self.location),
-            std::io::Error::other("shutting down"),
+        StoreFailure::new(
+            self.backend(),
+            "its client stopped: the coordinator is shutting down",
         )
+        .fix("try again once the coordinator is back")
+        .into()
     }
 
     fn remember(&self, digest: Digest, size: u64) {

@@ -316,7 +316,7 @@ impl Farm {
             (
                 reg.gpus.len(),
                 "GPUs",
-                "start it with fewer --fake-gpu or split the machine",
+                "split the machine among workers with fewer GPUs each",
             ),
         ];
         if let Some((n, what, fix)) = offered.iter().find(|(n, _, _)| *n > max as usize) {

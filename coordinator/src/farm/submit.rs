@@ -289,7 +289,12 @@ impl Farm {
 /// holds a task's record only once it changed; recovery lays stored records
 /// over these.
 pub(super) fn initial_tasks(job: &Job) -> Result<Vec<Task>, Error> {
-    let bad = |what: String| Error::Store(format!("job {} cannot be rebuilt: {what}", job.id));
+    let bad = |what: String| {
+        Error::Internal(format!(
+            "job {} cannot be rebuilt from its record: {what}; its record is corrupt or this is a bug; report it with the coordinator's log",
+            job.id
+        ))
+    };
     let frames = FrameSet::parse(&job.frames, u64::MAX).map_err(|e| bad(e.to_string()))?;
     if !job.is_tiled() {
         return Ok(frames

@@ -79,12 +79,27 @@ impl Slot {
 }
 
 /// An error of the kind of `err` (which callers decide on: try again,
-/// move to another coordinator) with the words `msg`.
-fn like(err: &Error, msg: String) -> Error {
+/// move to another coordinator), for a change of the failed batch or, when
+/// `behind`, for one queued behind it. A store's failure keeps its backend
+/// and fix.
+fn like(err: &Error, behind: bool) -> Error {
+    let words = |m: &str| {
+        if behind {
+            format!("an earlier change could not be stored ({m}); try again")
+        } else {
+            m.to_string()
+        }
+    };
     match err {
-        Error::StoreUnavailable(_) => Error::StoreUnavailable(msg),
-        Error::NotActive(_) => Error::NotActive(msg),
-        _ => Error::Store(msg),
+        Error::StoreUnavailable(m) => Error::StoreUnavailable(words(m)),
+        Error::NotActive(m) => Error::NotActive(words(m)),
+        Error::NoSpace(m) => Error::NoSpace(words(m)),
+        Error::Store(f) if behind => Error::Store(f.reword(format!(
+            "an earlier change could not be stored ({})",
+            f.what
+        ))),
+        Error::Store(f) => Error::Store(f.clone()),
+        other => Error::Internal(words(&other.to_string())),
     }
 }
 
@@ -201,13 +216,10 @@ impl Committer {
                     }
                     drop(st);
                     for e in batch {
-                        e.done.finish(Err(like(&err, msg.clone())));
+                        e.done.finish(Err(like(&err, false)));
                     }
                     for e in behind {
-                        e.done.finish(Err(like(
-                            &err,
-                            format!("an earlier change could not be stored ({msg}); try again"),
-                        )));
+                        e.done.finish(Err(like(&err, true)));
                     }
                 }
             }
@@ -311,7 +323,9 @@ impl Farm {
         match &st.commits {
             Some(tx) if tx.send(entry).is_ok() => Ticket(Some(done)),
             _ => {
-                done.finish(Err(Error::Store("the coordinator is shutting down".into())));
+                done.finish(Err(Error::Unavailable(
+                    "the coordinator is shutting down, so nothing was stored; try again once it is back or on another coordinator".into(),
+                )));
                 Ticket(Some(done))
             }
         }

@@ -50,7 +50,7 @@ use deadpool_postgres::{Manager, Pool};
 use super::{ArchivedJob, MetaStore, Record, Snapshot, StoreHealth};
 use crate::auth::UserRecord;
 use crate::digest::Digest;
-use crate::error::Error;
+use crate::error::{Backend, Error, StoreFailure};
 use crate::model::job::{Job, JobId};
 use crate::model::task::{FrameOutput, Task};
 use crate::model::worker::WorkerRecord;
@@ -125,7 +125,27 @@ pub(crate) fn pg_error(what: &str, e: tokio_postgres::Error) -> Error {
             "{what}: PostgreSQL did not answer ({words}); {CHECK_SERVER}"
         ))
     } else {
-        Error::Store(format!("{what}: {words}"))
+        failure(format!("{what}: {words}"))
+    }
+}
+
+/// A PostgreSQL store's failure in words; [`PgStore`]'s calls add the
+/// server's address.
+pub(crate) fn failure(what: impl Into<String>) -> Error {
+    StoreFailure::new(Backend::Postgres { at: None }, what).into()
+}
+
+/// `e` naming the server at `at` when it is a PostgreSQL failure that does
+/// not name one yet.
+pub(crate) fn located(e: Error, at: &str) -> Error {
+    match e {
+        Error::Store(mut f) if f.backend == (Backend::Postgres { at: None }) => {
+            f.backend = Backend::Postgres {
+                at: Some(at.to_string()),
+            };
+            Error::Store(f)
+        }
+        e => e,
     }
 }
 
@@ -191,12 +211,17 @@ pub fn redact(url: &str) -> String {
 
 /// `PostgreSQL at HOST:PORT/DB`, for messages and the status line.
 pub fn describe(url: &str) -> String {
+    format!("PostgreSQL at {}", address(url))
+}
+
+/// `HOST:PORT/DB` of a store URL: no user, password or options.
+pub fn address(url: &str) -> String {
     let shown = redact(url);
     let bare = shown
         .split_once("://")
         .map_or(shown.as_str(), |(_, rest)| rest);
     let bare = bare.rsplit_once('@').map_or(bare, |(_, host)| host);
-    format!("PostgreSQL at {}", bare.split('?').next().unwrap_or(bare))
+    bare.split('?').next().unwrap_or(bare).to_string()
 }
 
 /// Sets the deadlines and the session's name on a connection's settings:
@@ -254,7 +279,12 @@ impl PgStore {
             .create_timeout(Some(deadline))
             .recycle_timeout(Some(deadline))
             .build()
-            .map_err(|e| Error::Store(format!("cannot make a connection pool: {e}")))?;
+            .map_err(|e| {
+                located(
+                    failure(format!("cannot make a connection pool: {e}")),
+                    &address(url),
+                )
+            })?;
         let store = Self {
             shared: Arc::new(Shared {
                 pool,
@@ -334,11 +364,18 @@ impl PgStore {
             }
             r
         });
-        answer.ok_or_else(|| Error::Store("the PostgreSQL client stopped".into()))?
+        answer
+            .unwrap_or_else(|| Err(failure("the PostgreSQL client stopped")))
+            .map_err(|e| self.shared.located(e))
     }
 }
 
 impl Shared {
+    /// `e` naming this store's server, when it is its failure.
+    fn located(&self, e: Error) -> Error {
+        located(e, &address(&self.target))
+    }
+
     fn health_name(&self) -> String {
         describe(&self.target)
     }
@@ -383,13 +420,14 @@ impl Conn {
                 ),
                 other => (other.to_string(), true),
             };
-            let msg = format!(
-                "cannot connect to PostgreSQL at {target}: {detail}; check that the server runs and that --store (or $TESSERA_STORE) names its host, port, user and database"
-            );
+            let what = format!("cannot connect to PostgreSQL at {target}: {detail}");
+            let fix = "check that the server runs and that --store (or $TESSERA_STORE) names its host, port, user and database";
             if down {
-                Error::StoreUnavailable(msg)
+                Error::StoreUnavailable(format!("{what}; {fix}"))
             } else {
-                Error::Store(msg)
+                StoreFailure::new(Backend::Postgres { at: None }, what)
+                    .fix(fix)
+                    .into()
             }
         })?;
         Ok(Conn(Some(object), false))
@@ -447,7 +485,17 @@ fn index(i: u32) -> i32 {
 }
 
 fn json<T: serde::Serialize + ?Sized>(v: &T) -> Result<String, Error> {
-    Ok(serde_json::to_string(v)?)
+    serde_json::to_string(v).map_err(|e| failure(format!("cannot encode a record: {e}")))
+}
+
+/// A stored record that does not parse.
+fn corrupt(what: String) -> Error {
+    StoreFailure::new(
+        Backend::Postgres { at: None },
+        format!("corrupt record: {what}"),
+    )
+    .fix("its records are damaged; restore the database from a backup")
+    .into()
 }
 
 impl Rows {
@@ -677,7 +725,7 @@ fn unzip3(it: impl Iterator<Item = (i64, i32, String)>) -> (Vec<i64>, Vec<i32>, 
 }
 
 fn parse<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, Error> {
-    Ok(serde_json::from_str(text)?)
+    serde_json::from_str(text).map_err(|e| corrupt(e.to_string()))
 }
 
 /// Reads everything (the body of [`MetaStore::load`]).
@@ -734,7 +782,7 @@ async fn load_all(client: &tokio_postgres::Transaction<'_>) -> Result<Snapshot, 
         let digest: &str = r.get(1);
         let d: Digest = digest
             .parse()
-            .map_err(|_| Error::Store(format!("corrupt grant digest {digest:?}")))?;
+            .map_err(|_| corrupt(format!("grant digest {digest:?}")))?;
         snap.grants.insert((user, d));
     }
     for r in client
@@ -817,7 +865,7 @@ impl MetaStore for PgStore {
     }
 
     fn write(&self, records: &[Record<'_>]) -> Result<(), Error> {
-        let rows = Rows::of(records)?;
+        let rows = Rows::of(records).map_err(|e| self.shared.located(e))?;
         let pool = self.shared.pool.clone();
         let target = self.shared.target.clone();
         let epoch = self.epoch;
@@ -891,5 +939,55 @@ impl MetaStore for PgStore {
 
     fn health(&self) -> Option<StoreHealth> {
         Some(self.shared.health.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_names_the_server_and_never_its_password() {
+        let url = "postgres://tessera:s3cret@db.example:5433/farm?sslmode=verify-full";
+        assert_eq!(address(url), "db.example:5433/farm");
+        let e = located(failure("cannot store a change: disk full"), &address(url));
+        let Error::Store(f) = &e else {
+            panic!("not a store failure: {e}");
+        };
+        assert_eq!(
+            f.backend,
+            Backend::Postgres {
+                at: Some("db.example:5433/farm".into())
+            }
+        );
+        let text = e.to_string();
+        assert!(
+            text.starts_with("the PostgreSQL store at db.example:5433/farm: cannot store a change"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("s3cret") && !text.contains("--data"),
+            "{text}"
+        );
+        // A failure that names its server already, and other errors, stay.
+        assert_eq!(located(e, "other:5432/x").to_string(), text);
+        assert!(matches!(
+            located(Error::invalid("bad"), "h:1/d"),
+            Error::Invalid(_)
+        ));
+    }
+
+    #[test]
+    fn a_corrupt_record_says_to_restore_the_database() {
+        let e = parse::<Job>("{not json").unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("PostgreSQL") && text.contains("corrupt record"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("restore the database from a backup"),
+            "{text}"
+        );
     }
 }

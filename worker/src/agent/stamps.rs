@@ -40,6 +40,9 @@ pub(super) async fn settle(path: &Path, frame: u32, corrupt: bool) -> pb::FrameS
 
 fn settle_blocking(path: &Path, corrupt: bool) -> Result<metadata::Fields, String> {
     let fields = metadata::strip_file(path).map_err(|e| e.to_string())?;
+    #[cfg(not(feature = "test-hooks"))]
+    let _ = corrupt;
+    #[cfg(feature = "test-hooks")]
     if corrupt && path.extension().is_some_and(|e| e == "png") {
         let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
         let bad = crate::corrupt::corrupt_png_pixel(&bytes)?;

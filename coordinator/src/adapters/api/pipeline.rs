@@ -47,7 +47,11 @@ pub async fn rerun(
     let farm = api.farm.clone();
     let (snap, frames) = tokio::task::spawn_blocking(move || farm.retry_frames(id, &r.frames))
         .await
-        .map_err(|e| ApiError::from(crate::error::Error::Store(e.to_string())))??;
+        .map_err(|e| {
+            ApiError::from(crate::error::Error::Internal(format!(
+                "the change stopped: {e}; see the coordinator's log"
+            )))
+        })??;
     Ok(ok(json!({"job": job_json(&snap), "frames": frames})))
 }
 
@@ -78,6 +82,10 @@ pub async fn update(
     let farm = api.farm.clone();
     let snap = tokio::task::spawn_blocking(move || farm.update(id, Some(&who), update))
         .await
-        .map_err(|e| ApiError::from(crate::error::Error::Store(e.to_string())))??;
+        .map_err(|e| {
+            ApiError::from(crate::error::Error::Internal(format!(
+                "the change stopped: {e}; see the coordinator's log"
+            )))
+        })??;
     Ok(ok(job_json(&snap)))
 }

@@ -764,3 +764,29 @@ async fn pipeline_routes_update_dependencies_and_budgets_and_refuse_cycles() {
         r.json()
     );
 }
+
+#[test]
+fn a_store_failure_answers_with_its_backends_fix() {
+    use crate::error::{Backend, Error, StoreFailure};
+    let s3 = Backend::S3 {
+        location: "s3://renders/farm".into(),
+        endpoint: "http://minio:9000".into(),
+    };
+    let e = super::ApiError::from(Error::from(StoreFailure::new(
+        s3,
+        "cannot write blob ab12: access denied",
+    )));
+    assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        e.error.contains("s3://renders/farm at http://minio:9000"),
+        "{}",
+        e.error
+    );
+    assert!(e.hint.contains("credentials"), "{}", e.hint);
+    assert!(!e.hint.contains("--data"), "{}", e.hint);
+    let sled = Backend::Sled {
+        dir: "/var/lib/tessera/db".into(),
+    };
+    let e = super::ApiError::from(Error::from(StoreFailure::new(sled, "cannot flush")));
+    assert!(e.hint.contains("--data volume"), "{}", e.hint);
+}

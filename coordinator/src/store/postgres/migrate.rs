@@ -7,7 +7,7 @@
 //! migration runs once. A dozen lines do what refinery would, without its
 //! crates and conventions.
 
-use crate::error::Error;
+use crate::error::{Backend, Error, StoreFailure};
 
 use super::pg_error;
 
@@ -69,10 +69,15 @@ pub async fn apply(client: &mut deadpool_postgres::Object) -> Result<(), Error> 
         .map(|r| r.get(0))
         .collect();
     if let Some(newest) = done.iter().max().filter(|v| **v > latest()) {
-        return Err(Error::Store(format!(
-            "the database's schema is version {newest}, from a newer Tessera than this one (which knows up to {}); upgrade this coordinator",
-            latest()
-        )));
+        return Err(StoreFailure::new(
+            Backend::Postgres { at: None },
+            format!(
+                "the database's schema is version {newest}, from a newer Tessera than this one (which knows up to {})",
+                latest()
+            ),
+        )
+        .fix("upgrade this coordinator")
+        .into());
     }
     for (version, name, sql) in MIGRATIONS {
         if done.contains(version) {
