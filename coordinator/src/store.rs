@@ -254,11 +254,24 @@ impl Sled {
         };
         // The farm keeps every live record in memory itself; sled's page
         // cache (1 GiB by default) would only double it.
-        let db = sled::Config::new()
-            .path(path)
-            .cache_capacity(64 << 20)
-            .open()
-            .map_err(|e| {
+        let config = sled::Config::new().path(path).cache_capacity(64 << 20);
+        // Sled releases its file lock on its flusher thread after the last
+        // handle in this process is dropped: a store closed and opened again
+        // at once (a farm reopened in-process) waits a moment for it. A lock
+        // another process holds is still refused, a moment later.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let db = loop {
+            match config.open() {
+                Err(sled::Error::Io(e))
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                r => break r,
+            }
+        }
+        .map_err(|e| {
                 StoreFailure::new(backend.clone(), format!("cannot open it: {e}")).fix(
                     "check that no other coordinator uses this --data directory and that it is writable",
                 )

@@ -450,20 +450,7 @@ mod tests {
             Ok(Arc::new(SledStore::open(&self.0.path().join(case))?))
         }
         fn reopen(&mut self, case: &str) -> Result<Arc<dyn MetaStore>, Error> {
-            // Sled releases its file lock on its flusher thread, after the
-            // last handle is dropped: on a busy machine, a moment later.
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            loop {
-                match self.fresh(case) {
-                    Err(e)
-                        if e.to_string().contains("could not acquire lock")
-                            && std::time::Instant::now() < deadline =>
-                    {
-                        std::thread::sleep(std::time::Duration::from_millis(10));
-                    }
-                    r => return r,
-                }
-            }
+            self.fresh(case)
         }
     }
 
