@@ -45,14 +45,7 @@ fn metrics(farm: Arc<Farm>) -> Router {
                 let body = tokio::task::spawn_blocking(move || crate::metrics::render(&farm, &who))
                     .await
                     .unwrap_or_default();
-                (
-                    [(
-                        header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
-                    body,
-                )
-                    .into_response()
+                ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], body).into_response()
             }
         }),
     )

@@ -112,16 +112,8 @@ fn http_app(msg: Message, health: StoreHealth) -> axum::Router {
         .route(
             "/metrics",
             axum::routing::get(move || {
-                let body = crate::metrics::role(false) + &health.metrics();
-                async move {
-                    (
-                        [(
-                            header::CONTENT_TYPE,
-                            "text/plain; version=0.0.4; charset=utf-8",
-                        )],
-                        body,
-                    )
-                }
+                let body = crate::metrics::standby(&health);
+                async move { ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], body) }
             }),
         )
         .fallback(move || {
