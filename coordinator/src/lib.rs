@@ -40,7 +40,6 @@
 //!   several results settle, render statistics.
 
 // The OpenAPI document is one large `json!` literal.
-#![recursion_limit = "256"]
 
 pub mod api;
 pub mod auth;
