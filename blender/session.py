@@ -444,7 +444,82 @@ def _exr_size(data):
 # ---------------------------------------------------------------- commands
 
 class CommandError(Exception):
-    pass
+    """A command that cannot run: its words go back in an `error` reply, with
+    the command's id when it had a readable one."""
+
+    def __init__(self, msg, cmd_id=None):
+        super().__init__(msg)
+        self.cmd_id = cmd_id
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_tile(v):
+    return (isinstance(v, dict) and set(v) == {"border", "size", "frame"}
+            and isinstance(v["border"], list) and len(v["border"]) == 4
+            and all(_is_number(x) for x in v["border"])
+            and all(isinstance(v[k], list) and len(v[k]) == 2
+                    and all(_is_int(x) and x > 0 for x in v[k]) for k in ("size", "frame")))
+
+
+# What each command may carry: field -> (required, check, what it must be).
+# The worker's side of the same protocol is worker/src/session/messages.rs.
+COMMANDS = {
+    "render": {
+        "id": (True, lambda v: _is_int(v) and v >= 0, "a non-negative integer"),
+        "frame": (True, _is_int, "an integer"),
+        "output_dir": (True, lambda v: isinstance(v, str) and os.path.isabs(v),
+                       "an absolute path"),
+        "threads": (False, lambda v: v is None or (_is_int(v) and v >= 1),
+                    "a positive integer or null"),
+        "tile": (False, lambda v: v is None or _is_tile(v),
+                 "null or {border:[min_x,max_x,min_y,max_y], size:[w,h], frame:[W,H]}"),
+    },
+    "quit": {},
+}
+
+
+def command_id(cmd):
+    """The id a reply to `cmd` carries: its own when it is one, else None."""
+    v = cmd.get("id") if isinstance(cmd, dict) else None
+    return v if _is_int(v) and v >= 0 else None
+
+
+def parse_command(line):
+    """One line of stdin as a checked command (a dict with a known `cmd` and
+    the fields that command takes, of the right types); CommandError naming
+    what is wrong and what is expected otherwise."""
+    try:
+        cmd = json.loads(line)
+    except ValueError as e:
+        raise CommandError("bad JSON command: %s" % e)
+    if not isinstance(cmd, dict):
+        raise CommandError("a command must be a JSON object, got %s" % type(cmd).__name__)
+    cmd_id = command_id(cmd)
+    kind = cmd.get("cmd")
+    if kind not in COMMANDS:
+        raise CommandError("unknown cmd %s; the commands are %s"
+                           % (json.dumps(kind), ", ".join(sorted(COMMANDS))), cmd_id)
+    fields = COMMANDS[kind]
+    unknown = sorted(set(cmd) - set(fields) - {"cmd"})
+    if unknown:
+        raise CommandError("%s: unknown field(s) %s; it takes %s" % (
+            kind, ", ".join(repr(k) for k in unknown), ", ".join(fields) or "no fields"), cmd_id)
+    for name, (required, check, what) in fields.items():
+        if name not in cmd:
+            if required:
+                raise CommandError("%s: missing field %r (%s)" % (kind, name, what), cmd_id)
+            continue
+        if not check(cmd[name]):
+            raise CommandError("%s: %r must be %s, got %s"
+                               % (kind, name, what, json.dumps(cmd[name])), cmd_id)
+    return cmd
 
 
 class Session:
@@ -459,15 +534,12 @@ class Session:
         self.fail_renders = fail_renders
 
     def render(self, cmd):
-        cmd_id = cmd.get("id")
+        """Renders a command that parse_command checked."""
+        cmd_id = cmd["id"]
         scene = self.scene
         r = scene.render
-        frame = cmd.get("frame")
-        if not isinstance(frame, int) or isinstance(frame, bool):
-            raise CommandError("render: 'frame' must be an integer, got %r" % (frame,))
-        out_dir = cmd.get("output_dir")
-        if not isinstance(out_dir, str) or not os.path.isabs(out_dir):
-            raise CommandError("render: 'output_dir' must be an absolute path, got %r" % (out_dir,))
+        frame = cmd["frame"]
+        out_dir = cmd["output_dir"]
         threads = cmd.get("threads")
         tile = cmd.get("tile")
 
@@ -475,9 +547,6 @@ class Session:
         if threads is None:
             r.threads_mode, r.threads = self.orig_threads[0], self.orig_threads[1]
         else:
-            if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
-                raise CommandError("render: 'threads' must be a positive integer or null, got %r"
-                                   % (threads,))
             r.threads_mode = "FIXED"
             r.threads = threads
 
@@ -485,15 +554,9 @@ class Session:
         if tile is None:
             r.use_border = False
         else:
-            try:
-                border = [float(v) for v in tile["border"]]
-                size = [int(v) for v in tile["size"]]
-                want = [int(v) for v in tile["frame"]]
-                if len(border) != 4 or len(size) != 2 or len(want) != 2:
-                    raise ValueError
-            except (KeyError, TypeError, ValueError):
-                raise CommandError("render: 'tile' must be null or "
-                                   "{border:[min_x,max_x,min_y,max_y], size:[w,h], frame:[W,H]}")
+            border = [float(v) for v in tile["border"]]
+            size = tile["size"]
+            want = tile["frame"]
             have = [r.resolution_x * r.resolution_percentage // 100,
                     r.resolution_y * r.resolution_percentage // 100]
             if have != want:
@@ -578,20 +641,14 @@ class Session:
                 continue
             cmd_id = None
             try:
-                cmd = json.loads(line)
-                if not isinstance(cmd, dict):
-                    raise CommandError("command must be a JSON object")
-                cmd_id = cmd.get("id")
-                kind = cmd.get("cmd")
-                if kind == "quit":
+                cmd = parse_command(line)
+                if cmd["cmd"] == "quit":
                     return
-                if kind != "render":
-                    raise CommandError("unknown cmd %r" % (kind,))
+                cmd_id = cmd["id"]
                 reply = self.render(cmd)
             except CommandError as e:
-                reply = {"event": "error", "id": cmd_id, "error": str(e)}
-            except json.JSONDecodeError as e:
-                reply = {"event": "error", "id": None, "error": "bad JSON command: %s" % e}
+                reply = {"event": "error", "id": cmd_id if e.cmd_id is None else e.cmd_id,
+                         "error": str(e)}
             except Exception as e:
                 traceback.print_exc()
                 msg = " ".join(("%s: %s" % (type(e).__name__, e)).split())

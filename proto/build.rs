@@ -17,7 +17,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ] {
         config = config.type_attribute(
             format!("tessera.v1.{message}"),
-            "#[derive(serde::Deserialize)] #[serde(default, deny_unknown_fields)]",
+            "#[derive(serde::Deserialize)] #[serde(default, deny_unknown_fields)] \
+             #[cfg_attr(feature = \"openapi\", derive(serde::Serialize, utoipa::ToSchema))]",
+        );
+    }
+    // With `openapi`, their JSON schemas for the coordinator's OpenAPI
+    // document: utoipa writes serde's `default` values out through
+    // Serialize, and these fields get examples or bounds beside their docs.
+    for (field, schema) in [
+        ("JobSpec.frames", r#"examples("1-250", "1,5,10-20")"#),
+        ("JobSpec.tiles", r#"examples("2x2")"#),
+        (
+            "JobSpec.device",
+            r#"examples("", "any", "cpu", "cuda", "optix")"#,
+        ),
+        (
+            "JobSpec.capacity",
+            r#"examples("", "spot-ok", "on-demand-only")"#,
+        ),
+        ("JobSpec.verify", "minimum = 0, maximum = 1"),
+    ] {
+        config = config.field_attribute(
+            format!("tessera.v1.{field}"),
+            format!("#[cfg_attr(feature = \"openapi\", schema({schema}))]"),
         );
     }
     config.compile_fds(fds)?;

@@ -106,10 +106,10 @@ impl StoreHealth {
         }
     }
 
-    /// The `tessera_store_up` (or `tessera_blobs_up`) gauge in Prometheus
-    /// text format.
-    pub fn metrics(&self) -> String {
-        let (name, help) = match self.kind {
+    /// The name and help of this store's gauge (see [`crate::adapters::metrics`]):
+    /// `tessera_store_up` or `tessera_blobs_up`.
+    pub fn gauge(&self) -> (&'static str, &'static str) {
+        match self.kind {
             Kind::Meta => (
                 "tessera_store_up",
                 "Whether the metadata store (PostgreSQL) answered this coordinator's last call: 1 up, 0 unreachable.",
@@ -118,11 +118,7 @@ impl StoreHealth {
                 "tessera_blobs_up",
                 "Whether the blob store (S3) answered this coordinator's last call: 1 up, 0 unreachable.",
             ),
-        };
-        format!(
-            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}\n",
-            u8::from(self.up())
-        )
+        }
     }
 }
 
@@ -178,14 +174,14 @@ mod tests {
     fn an_outage_keeps_its_start_and_ends_when_the_store_answers() {
         let h = StoreHealth::new("PostgreSQL at db:5432/tessera");
         assert!(h.up());
-        assert!(h.metrics().contains("tessera_store_up 1"));
+        assert!(crate::adapters::metrics::store_health(&h).contains("tessera_store_up 1"));
         h.failed("timed out");
         let first = h.outage().unwrap();
         h.failed("connection refused");
         let second = h.outage().unwrap();
         assert_eq!(first.since, second.since);
         assert_eq!(second.error, "connection refused");
-        assert!(h.metrics().contains("tessera_store_up 0"));
+        assert!(crate::adapters::metrics::store_health(&h).contains("tessera_store_up 0"));
         assert!(
             h.line()
                 .starts_with("store: PostgreSQL at db:5432/tessera unreachable since "),
@@ -200,10 +196,10 @@ mod tests {
     #[test]
     fn the_blob_store_has_a_gauge_and_a_line_of_its_own() {
         let h = StoreHealth::blobs("S3 s3://b/p at http://s3:8333");
-        assert!(h.metrics().contains("\ntessera_blobs_up 1\n"));
+        assert!(crate::adapters::metrics::store_health(&h).contains("\ntessera_blobs_up 1\n"));
         h.failed("connection refused; check that the server is up");
-        assert!(h.metrics().contains("\ntessera_blobs_up 0\n"));
-        assert!(!h.metrics().contains("tessera_store_up"));
+        assert!(crate::adapters::metrics::store_health(&h).contains("\ntessera_blobs_up 0\n"));
+        assert!(!crate::adapters::metrics::store_health(&h).contains("tessera_store_up"));
         assert!(
             h.line()
                 .starts_with("blobs: S3 s3://b/p at http://s3:8333 unreachable since "),

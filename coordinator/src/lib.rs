@@ -21,7 +21,6 @@
 //! - [`server`]: opening a data directory and serving.
 
 // The OpenAPI document is one large `json!` literal.
-#![recursion_limit = "256"]
 
 pub mod adapters;
 pub mod auth;

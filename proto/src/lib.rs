@@ -5,7 +5,6 @@
 //! domain types sit beside those types in the coordinator and worker crates.
 
 #![allow(clippy::all, missing_docs)]
-#![recursion_limit = "256"]
 
 /// Version 1 of the protocol.
 pub mod v1 {

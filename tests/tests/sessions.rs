@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use serde_json::json;
 use tessera_tests::*;
 
 const LONG: Duration = Duration::from_secs(300);
@@ -210,4 +211,130 @@ fn cancelling_a_job_ends_its_sessions_on_every_worker_within_seconds() {
     );
     let status = status(&coord.url, job);
     assert_eq!(status["state"], "canceled");
+}
+
+/// `blender/session.py` started as the worker starts it (`-- --reply-fd 3`,
+/// fd 3 a pipe read here, Blender's stdout apart), answering a clear `error`
+/// to each malformed command, with the command's id when it had one, and
+/// rendering the next good command: no Python traceback, no exit.
+#[test]
+fn session_py_answers_malformed_commands_with_clear_errors_and_keeps_serving() {
+    use std::io::{BufRead, BufReader, Write};
+    let scene = scene(&[
+        "--kind",
+        "still",
+        "--width",
+        "32",
+        "--height",
+        "24",
+        "--samples",
+        "1",
+        "--frames",
+        "1",
+    ]);
+    let dir = scratch();
+    let log = dir.path().join("blender.log");
+    let script = root().join("blender/session.py");
+    let mut child = std::process::Command::new("bash")
+        .arg("-c")
+        // fd 3: the replies, onto this test's pipe; Blender's stdout to the log.
+        .arg(r#"exec "$@" 3>&1 1>&2"#)
+        .arg("bash")
+        .arg(blender())
+        .args(["-b", "--factory-startup", "--disable-autoexec"])
+        .arg(&scene)
+        .args(["--python-exit-code", "3", "--python"])
+        .arg(&script)
+        .args(["--", "--reply-fd", "3", "--cycles-device", "CPU"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut replies = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut next = || -> serde_json::Value {
+        let line = replies
+            .next()
+            .unwrap_or_else(|| {
+                panic!(
+                    "the session ended:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                )
+            })
+            .unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    };
+    assert_eq!(next()["event"], "ready");
+    let out = dir.path().join("out");
+    let out = out.to_str().unwrap();
+    let malformed: [(String, serde_json::Value, &[&str]); 9] = [
+        ("render frame 1".into(), json!(null), &["bad JSON command"]),
+        ("[1, 2]".into(), json!(null), &["must be a JSON object"]),
+        (
+            r#"{"cmd": "paint", "id": 1}"#.into(),
+            json!(1),
+            &["unknown cmd \"paint\"", "the commands are quit, render"],
+        ),
+        (
+            json!({"cmd": "render", "id": 2, "output_dir": out}).to_string(),
+            json!(2),
+            &["render: missing field 'frame' (an integer)"],
+        ),
+        (
+            json!({"cmd": "render", "id": 3, "frame": "one", "output_dir": out}).to_string(),
+            json!(3),
+            &["render: 'frame' must be an integer, got \"one\""],
+        ),
+        (
+            json!({"cmd": "render", "id": 4, "frame": 1, "output_dir": "out"}).to_string(),
+            json!(4),
+            &["'output_dir' must be an absolute path"],
+        ),
+        (
+            json!({"cmd": "render", "id": 5, "frame": 1, "output_dir": out, "tile": {"border": [0, 1]}})
+                .to_string(),
+            json!(5),
+            &["'tile' must be null or {border:"],
+        ),
+        (
+            json!({"cmd": "render", "id": 6, "frame": 1, "output_dir": out, "colour": "red"})
+                .to_string(),
+            json!(6),
+            &["unknown field(s) 'colour'", "it takes id, frame, output_dir, threads, tile"],
+        ),
+        (
+            json!({"cmd": "render", "id": "seven", "frame": 1, "output_dir": out}).to_string(),
+            json!(null),
+            &["'id' must be a non-negative integer"],
+        ),
+    ];
+    for (line, id, words) in malformed {
+        writeln!(stdin, "{line}").unwrap();
+        let reply = next();
+        assert_eq!(reply["event"], "error", "{line}: {reply}");
+        assert_eq!(reply["id"], id, "{line}: {reply}");
+        let error = reply["error"].as_str().unwrap();
+        for w in words {
+            assert!(error.contains(w), "{line}: {error:?} does not say {w:?}");
+        }
+        assert!(!error.contains('\n'), "one line: {error:?}");
+    }
+    // Still serving: a good command renders.
+    let good = json!({"cmd": "render", "id": 10, "frame": 1, "output_dir": out, "threads": 1, "tile": null});
+    writeln!(stdin, "{good}").unwrap();
+    let done = loop {
+        let r = next();
+        if r["event"] != "progress" {
+            break r;
+        }
+    };
+    assert_eq!(done["event"], "done", "{done}");
+    assert_eq!(done["id"], 10);
+    assert!(std::path::Path::new(done["path"].as_str().unwrap()).is_file());
+    writeln!(stdin, r#"{{"cmd": "quit"}}"#).unwrap();
+    let status = child.wait().unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "{status}:\n{text}");
+    assert!(!text.contains("Traceback"), "a traceback:\n{text}");
 }

@@ -48,6 +48,7 @@ pub mod passes;
 pub mod runtime;
 pub mod scene_python;
 pub mod session;
+pub mod session_protocol;
 pub mod slots;
 pub mod transfer;
 pub mod verify;

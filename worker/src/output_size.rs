@@ -7,7 +7,7 @@
 //! size, read by Blender from the file; a scene past the limit the lease
 //! carried is refused before any render, for every worker at once.
 
-use serde_json::Value;
+use crate::session_protocol::Ready;
 
 use crate::blender::{RenderFailure, RenderRequest};
 use crate::failure::Scope;
@@ -21,10 +21,9 @@ pub fn over(width: u64, height: u64, (w, h): (u32, u32)) -> bool {
 
 /// The failure for a scene whose output, as the session's `ready` answer
 /// gives it, is past the limit the coordinator sent with the task.
-pub fn refuse(ready: &Value, req: &RenderRequest, log_tail: &str) -> Option<RenderFailure> {
+pub fn refuse(ready: &Ready, req: &RenderRequest, log_tail: &str) -> Option<RenderFailure> {
     let limit = req.max_pixels?;
-    let width = ready["width"].as_u64()?;
-    let height = ready["height"].as_u64()?;
+    let (width, height) = (ready.width, ready.height);
     over(width, height, limit).then(|| RenderFailure::Failed {
         reason: format!(
             "the scene's output is {width}x{height} pixels, as Blender reads it, over the coordinator's limit of {}x{} (--max-pixels); lower the resolution or resolution %, or ask the farm's admin to raise --max-pixels",

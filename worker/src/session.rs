@@ -9,7 +9,7 @@
 //! with a scrubbed environment ([`crate::isolation`]), in the runtime the
 //! coordinator chose for the task, writes one JSON render command per line
 //! on Blender's stdin, and reads the answers on a pipe of their own (fd 3 in
-//! Blender), never from Blender's stdout. Stdout and stderr are still read:
+//! Blender), never from Blender's stdout. Both are typed in [`messages`]. Stdout and stderr are still read:
 //! they fill the log tail sent with a failure, and error lines printed during
 //! a render (a Python driver failing, a file that cannot be saved) fail that
 //! render even though Blender carries on.
@@ -29,7 +29,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, ChildStdin};
 use tokio::sync::{mpsc, watch};
@@ -43,6 +42,8 @@ use crate::failure::is_python_exception;
 use crate::failure::Kind;
 use crate::scene_python::SkippedDrivers;
 use crate::verify;
+
+use crate::session_protocol::{self as messages, Command, Reply};
 
 /// The session script, shipped inside the binary so a worker needs no checkout.
 const SCRIPT: &str = include_str!("../../blender/session.py");
@@ -85,7 +86,7 @@ struct Session {
     pid: u32,
     child: Child,
     stdin: Option<ChildStdin>,
-    replies: mpsc::UnboundedReceiver<Value>,
+    replies: mpsc::UnboundedReceiver<Reply>,
     lines: mpsc::UnboundedReceiver<String>,
     tail: VecDeque<String>,
     next_id: u64,
@@ -210,23 +211,18 @@ impl Session {
                     String::new(),
                 )
             })?;
-            let tile = req.tile.as_ref().map(|t| {
-                json!({
-                    "border": t.border,
-                    "size": [t.size.0, t.size.1],
-                    "frame": [t.frame.0, t.frame.1],
-                })
+            let cmd = Command::Render(messages::Render {
+                id,
+                frame,
+                output_dir: req.out_dir.clone(),
+                threads: req.threads,
+                tile: req.tile.as_ref().map(|t| messages::Tile {
+                    border: t.border,
+                    size: [t.size.0, t.size.1],
+                    frame: [t.frame.0, t.frame.1],
+                }),
             });
-            let cmd = json!({
-                "cmd": "render",
-                "id": id,
-                "frame": frame,
-                "output_dir": req.out_dir,
-                "threads": req.threads,
-                "tile": tile,
-            });
-            let mut line = cmd.to_string();
-            line.push('\n');
+            let line = messages::line(&cmd);
             let sent = match self.stdin.as_mut() {
                 Some(stdin) => stdin
                     .write_all(line.as_bytes())
@@ -251,17 +247,17 @@ impl Session {
                             let what = format!("{} while rendering frame {frame}", self.exit_reason().await);
                             return Err(self.crashed(what, &printed.all()));
                         }
-                        Some(v) if v["id"].as_u64() != Some(id) => {}
-                        Some(v) => match v["event"].as_str() {
-                            Some("progress") => {
-                                let n = |k: &str| v[k].as_u64().unwrap_or(0).min(u64::from(u32::MAX)) as u32;
-                                progress.samples_done.store(n("samples_done"), Ordering::Relaxed);
-                                progress.samples_total.store(n("samples_total"), Ordering::Relaxed);
+                        Some(r) if r.id() != Some(id) => {}
+                        Some(r) => match r {
+                            Reply::Progress(p) => {
+                                let n = |v: u64| v.min(u64::from(u32::MAX)) as u32;
+                                progress.samples_done.store(n(p.samples_done), Ordering::Relaxed);
+                                progress.samples_total.store(n(p.samples_total), Ordering::Relaxed);
                             }
-                            Some("done") => break v,
-                            Some("error") => {
+                            Reply::Done(done) => break done,
+                            Reply::Error(failed) => {
                                 self.drain_lines(Some(&mut printed));
-                                let e = v["error"].as_str().unwrap_or("unknown error").to_string();
+                                let e = failed.error;
                                 let words = format!("{e}\n{}", printed.all().join("\n"));
                                 return Err(failure(
                                     Kind::BlenderError,
@@ -270,7 +266,7 @@ impl Session {
                                     self.log_tail(),
                                 ));
                             }
-                            _ => {}
+                            Reply::Ready(_) => {}
                         },
                     },
                     line = self.lines.recv() => if let Some(line) = line {
@@ -296,7 +292,7 @@ impl Session {
                     self.log_tail(),
                 ));
             }
-            let reported = verify::Reported::from_reply(&rendered);
+            let reported = verify::Reported::from(&rendered);
             let found = verify::inspect(&req.out_dir, &reported.path, started);
             let expected = verify::expected_size(&reported, req.tile.as_ref().map(|t| t.size));
             if let Err(what) = verify::judge(frame, &reported, &found, expected) {
@@ -521,9 +517,9 @@ impl SessionRenderer {
         std::thread::spawn(move || {
             for line in std::io::BufReader::new(reader).lines() {
                 let Ok(line) = line else { break };
-                match serde_json::from_str::<Value>(&line) {
-                    Ok(v) => {
-                        if reply_tx.send(v).is_err() {
+                match messages::read(&line) {
+                    Ok(reply) => {
+                        if reply_tx.send(reply).is_err() {
                             break;
                         }
                     }
@@ -554,7 +550,7 @@ impl SessionRenderer {
         let ready = loop {
             tokio::select! {
                 reply = session.replies.recv() => match reply {
-                    Some(v) if v["event"] == "ready" => break v,
+                    Some(Reply::Ready(ready)) => break ready,
                     Some(_) => {}
                     None => {
                         // Let the last lines of output arrive before reporting.
@@ -598,7 +594,7 @@ impl SessionRenderer {
             session.kill("the scene cannot be rendered here");
             return Err(f);
         }
-        if let Some(skipped) = ready["scripts_skipped"].as_str() {
+        if let Some(skipped) = &ready.scripts_skipped {
             tracing::warn!(
                 job = req.job,
                 "the scene's stored Python was not run (workers run Blender with --disable-autoexec): {skipped}"
@@ -606,9 +602,7 @@ impl SessionRenderer {
         }
         session
             .warnings
-            .extend(crate::scene_python::scripts_warning(&strings(
-                &ready["scripts"],
-            )));
+            .extend(crate::scene_python::scripts_warning(&ready.scripts));
         tracing::info!(
             job = req.job,
             slot = req.slot,
@@ -646,17 +640,6 @@ impl SessionRenderer {
     }
 }
 
-/// The strings of a JSON array (none when it is not one).
-fn strings(v: &Value) -> Vec<String> {
-    v.as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|s| Some(s.as_str()?.to_string()))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// `--job-root DIR --mappings FILE` for a job with a file set (the mappings
 /// written as JSON into `tmp`); nothing for a self-contained scene.
 fn root_args(
@@ -666,19 +649,14 @@ fn root_args(
     let Some(root) = &req.root else {
         return Ok(Vec::new());
     };
-    let map: serde_json::Map<String, Value> = root
+    let map: std::collections::BTreeMap<&str, String> = root
         .mappings
         .iter()
-        .map(|(from, to)| {
-            (
-                from.clone(),
-                Value::String(to.to_string_lossy().into_owned()),
-            )
-        })
+        .map(|(from, to)| (from.as_str(), to.to_string_lossy().into_owned()))
         .collect();
     let file = tmp.join("mappings.json");
-    std::fs::write(&file, Value::Object(map).to_string())
-        .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    let text = serde_json::to_string(&map).expect("a map of strings serializes");
+    std::fs::write(&file, text).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
     Ok(vec![
         "--job-root".into(),
         root.root.clone().into_os_string(),
@@ -689,22 +667,18 @@ fn root_args(
 
 /// Why a loaded scene must not be rendered on any worker, from the session's
 /// `ready` answer: it reads files outside the job, or a newer Blender saved it.
-fn refuse_scene(ready: &Value, log_tail: &str) -> Option<RenderFailure> {
-    let outside: Vec<String> = ready["outside"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|f| {
-                    let path = f["path"].as_str()?;
-                    Some(if f["missing"].as_bool().unwrap_or(false) {
-                        format!("{path} (missing here too)")
-                    } else {
-                        path.to_string()
-                    })
-                })
-                .collect()
+fn refuse_scene(ready: &messages::Ready, log_tail: &str) -> Option<RenderFailure> {
+    let outside: Vec<String> = ready
+        .outside
+        .iter()
+        .map(|f| {
+            if f.missing {
+                format!("{} (missing here too)", f.path)
+            } else {
+                f.path.clone()
+            }
         })
-        .unwrap_or_default();
+        .collect();
     if !outside.is_empty() {
         return Some(failure(
             Kind::OutsideFiles,
@@ -717,12 +691,12 @@ fn refuse_scene(ready: &Value, log_tail: &str) -> Option<RenderFailure> {
             log_tail.to_string(),
         ));
     }
-    if let Some(newer) = ready["newer"].as_str() {
+    if let Some(newer) = &ready.newer {
         return Some(failure(
             Kind::NewerBlender,
             format!(
                 "the scene was saved by Blender {newer}, newer than this worker's Blender {}",
-                ready["blender"].as_str().unwrap_or("?")
+                ready.blender
             ),
             "",
             log_tail.to_string(),
@@ -820,12 +794,26 @@ mod tests {
         }
     }
 
+    /// A `ready` answer with these outside files and newer version.
+    fn ready(outside: serde_json::Value, newer: Option<&str>) -> messages::Ready {
+        let line = serde_json::json!({"event": "ready", "pid": 1, "blender": "3.4.1",
+            "engine": "CYCLES", "outside": outside, "newer": newer, "scripts_skipped": null,
+            "scripts": [], "width": 64, "height": 48});
+        match messages::read(&line.to_string()).unwrap() {
+            Reply::Ready(r) => r,
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn scenes_reading_outside_files_or_from_a_newer_blender_are_refused_everywhere() {
-        let ready = json!({"event": "ready", "outside": [
-            {"path": "/mnt/tex/wood.png", "missing": false},
-            {"path": "/gone.png", "missing": true}
-        ], "newer": null});
+        let ready = ready(
+            serde_json::json!([
+                {"path": "/mnt/tex/wood.png", "missing": false},
+                {"path": "/gone.png", "missing": true}
+            ]),
+            None,
+        );
         let f = refuse_scene(&ready, "").unwrap();
         let RenderFailure::Failed { reason, .. } = &f else {
             panic!("{f:?}")
@@ -835,9 +823,9 @@ mod tests {
             "{reason}"
         );
         assert_eq!(scope(Some(f)), Some(Scope::Everywhere));
-        let newer = json!({"outside": [], "newer": "4.2.0", "blender": "3.4.1"});
+        let newer = self::ready(serde_json::json!([]), Some("4.2.0"));
         assert_eq!(scope(refuse_scene(&newer, "")), Some(Scope::Everywhere));
-        let fine = json!({"outside": [], "newer": null});
+        let fine = self::ready(serde_json::json!([]), None);
         assert!(refuse_scene(&fine, "").is_none());
     }
 

@@ -19,7 +19,7 @@
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use serde_json::Value;
+use crate::session_protocol::Done;
 
 /// Name of the marker file written before each render command.
 pub const MARKER: &str = ".tessera-render-started";
@@ -43,36 +43,21 @@ pub struct Reported {
     pub passes: Vec<(String, PathBuf)>,
 }
 
-impl Reported {
-    /// Reads a session's `done` answer.
-    pub fn from_reply(v: &Value) -> Self {
-        let pair = |k: &str| -> (u32, u32) {
-            let n = |i: usize| v[k][i].as_u64().unwrap_or(0).min(u64::from(u32::MAX)) as u32;
-            (n(0), n(1))
-        };
+impl From<&Done> for Reported {
+    /// What a session's `done` answer reports.
+    fn from(d: &Done) -> Self {
         Self {
-            path: PathBuf::from(v["path"].as_str().unwrap_or_default()),
-            size: (
-                v["width"].as_u64().unwrap_or(0) as u32,
-                v["height"].as_u64().unwrap_or(0) as u32,
-            ),
-            expected: pair("expected"),
-            engine: v["engine"].as_str().unwrap_or_default().to_string(),
-            samples_done: v["samples_done"].as_u64().map(|n| n as u32),
-            counted: v["counted"].as_bool().unwrap_or(false),
-            passes: v["passes"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|p| {
-                            Some((
-                                p["name"].as_str()?.to_string(),
-                                PathBuf::from(p["path"].as_str()?),
-                            ))
-                        })
-                        .collect()
-                })
-                .unwrap_or_default(),
+            path: d.path.clone(),
+            size: (d.width, d.height),
+            expected: (d.expected[0], d.expected[1]),
+            engine: d.engine.clone(),
+            samples_done: d.samples_done,
+            counted: d.counted,
+            passes: d
+                .passes
+                .iter()
+                .map(|p| (p.name.clone(), p.path.clone()))
+                .collect(),
         }
     }
 }
@@ -266,18 +251,26 @@ mod tests {
 
     #[test]
     fn replies_are_read() {
+        let done = |v: serde_json::Value| match crate::session_protocol::read(&v.to_string()) {
+            Ok(crate::session_protocol::Reply::Done(d)) => d,
+            other => panic!("{other:?}"),
+        };
         let v = serde_json::json!({
-            "event": "done", "path": "/w/frame_0001.png", "width": 64, "height": 48,
+            "event": "done", "id": 1, "path": "/w/frame_0001.png", "width": 64, "height": 48,
             "expected": [64, 48], "engine": "CYCLES", "samples_done": 8, "samples_total": 8,
-            "counted": true,
+            "counted": true, "seconds": 0.5,
             "passes": [{"name": "File Output/Image0001.png", "path": "/w/passes/File Output/Image0001.png"}]
         });
-        let r = Reported::from_reply(&v);
+        let r = Reported::from(&done(v));
         assert_eq!(r.expected, (64, 48));
         assert_eq!(r.samples_done, Some(8));
         assert_eq!(r.passes.len(), 1);
-        let v = serde_json::json!({"samples_done": null, "counted": true});
-        assert_eq!(Reported::from_reply(&v).samples_done, None);
+        let v = serde_json::json!({
+            "event": "done", "id": 2, "path": "/w/frame_0002.png", "width": 64, "height": 48,
+            "expected": [64, 48], "engine": "CYCLES", "samples_done": null,
+            "samples_total": null, "counted": true, "seconds": 0.5, "passes": []
+        });
+        assert_eq!(Reported::from(&done(v)).samples_done, None);
     }
 
     /// Runs `blender/cycles_progress.py` (the parser the session uses inside

@@ -23,7 +23,6 @@ use axum::http::{header, request::Parts, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::MethodRouter;
 use axum::Router;
-use serde_json::{json, Value};
 
 use crate::auth::{self, Identity, Role};
 use crate::error::Error;
@@ -151,9 +150,11 @@ async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
 }
 
 /// An error as the API answers it: `{"error": "...", "hint": "..."}`.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+#[schema(as = Error)]
 pub struct ApiError {
     /// The HTTP status.
+    #[serde(skip)]
     pub status: StatusCode,
     /// What went wrong.
     pub error: String,
@@ -240,7 +241,7 @@ impl IntoResponse for ApiError {
         let mut r = (
             self.status,
             [(header::CONTENT_TYPE, "application/json")],
-            json!({"error": self.error, "hint": self.hint}).to_string(),
+            serde_json::to_string(&self).unwrap_or_default(),
         )
             .into_response();
         if self.status == StatusCode::UNAUTHORIZED {
@@ -252,20 +253,21 @@ impl IntoResponse for ApiError {
 }
 
 /// A JSON answer with `status`.
-pub fn json_response(status: StatusCode, v: &Value) -> Response {
+pub fn json_response(status: StatusCode, v: &impl serde::Serialize) -> Response {
     (
         status,
         [
             (header::CONTENT_TYPE, "application/json"),
             (header::CACHE_CONTROL, "no-store"),
         ],
-        v.to_string(),
+        // Values and the API's own answer types always serialize.
+        serde_json::to_string(v).unwrap_or_default(),
     )
         .into_response()
 }
 
 /// A 200 JSON answer.
-pub fn ok(v: Value) -> Response {
+pub fn ok(v: impl serde::Serialize) -> Response {
     json_response(StatusCode::OK, &v)
 }
 

@@ -54,10 +54,7 @@ fn metrics(farm: Arc<Farm>) -> Router {
                 .await
                 .unwrap_or_default();
                 (
-                    [(
-                        header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
+                    [(header::CONTENT_TYPE, crate::adapters::metrics::CONTENT_TYPE)],
                     body,
                 )
                     .into_response()

@@ -81,13 +81,10 @@ fn http_app(msg: Message, health: StoreHealth) -> axum::Router {
         .route(
             "/metrics",
             axum::routing::get(move || {
-                let body = crate::adapters::metrics::role(false) + &health.metrics();
+                let body = crate::adapters::metrics::standby(&health);
                 async move {
                     (
-                        [(
-                            header::CONTENT_TYPE,
-                            "text/plain; version=0.0.4; charset=utf-8",
-                        )],
+                        [(header::CONTENT_TYPE, crate::adapters::metrics::CONTENT_TYPE)],
                         body,
                     )
                 }

@@ -7,10 +7,10 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 use prost::Message;
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 use tessera_proto as pb;
 use tokio_stream::StreamExt;
+use utoipa::ToSchema;
 
 use super::{ok, read_json, too_large_error, Api, ApiError, Caller};
 use crate::adapters::convert::digest;
@@ -18,10 +18,35 @@ use crate::auth::{Identity, Role};
 use crate::digest::Digest;
 
 /// The body of `POST /api/v1/blobs/missing`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct MissingRequest {
+#[schema(as = Digests)]
+pub struct MissingRequest {
+    /// Blobs by their BLAKE3 digest, lowercase hex.
     digests: Vec<String>,
+}
+
+/// The answer of `POST /api/v1/blobs/missing`.
+#[derive(Serialize, ToSchema)]
+pub struct Missing {
+    /// The digests the caller must upload.
+    missing: Vec<String>,
+}
+
+/// The answer of `PUT /api/v1/blobs/{digest}`.
+#[derive(Serialize, ToSchema)]
+pub struct BlobStored {
+    digest: String,
+    size: u64,
+    /// The blob was there already (nothing was written).
+    already_present: bool,
+}
+
+/// The answer of `POST /api/v1/filesets`.
+#[derive(Serialize, ToSchema)]
+pub struct FileSetStored {
+    /// The file set's digest, to submit a job with.
+    digest: String,
 }
 
 /// The most digests one `missing` call may name.
@@ -53,9 +78,9 @@ pub async fn missing(
     // A job naming these may follow: keep them from the collector.
     api.farm.touch_blobs(&asked).await;
     let missing = api.farm.missing_for(who, &asked);
-    Ok(ok(json!({
-        "missing": missing.iter().map(|d| d.to_hex()).collect::<Vec<_>>(),
-    })))
+    Ok(ok(Missing {
+        missing: missing.iter().map(|d| d.to_hex()).collect(),
+    }))
 }
 
 /// Stores `bytes` (or the stream behind `body`) as blob `d` for `who`, as
@@ -87,11 +112,11 @@ async fn store(
             .await
             .map_err(|e| ApiError::bad(format!("the upload stopped: {e}"), "send it again"))??;
     tracing::debug!(digest = %d, size, already_present, "blob stored over HTTP");
-    Ok(ok(json!({
-        "digest": d.to_hex(),
-        "size": size,
-        "already_present": already_present,
-    })))
+    Ok(ok(BlobStored {
+        digest: d.to_hex(),
+        size,
+        already_present,
+    }))
 }
 
 /// `PUT /api/v1/blobs/{digest}` with the raw bytes (and a Content-Length).
@@ -151,5 +176,5 @@ pub async fn file_set(
     let size = bytes.len() as u64;
     let r = store(&api, &who, d, size, Body::from(bytes)).await?;
     drop(r);
-    Ok(ok(json!({ "digest": d.to_hex() })))
+    Ok(ok(FileSetStored { digest: d.to_hex() }))
 }

@@ -6,8 +6,10 @@ use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use serde::Serialize;
 use serde_json::{json, Value};
-use tessera_proto as pb;
+use tessera_proto::{self as pb, json};
+use utoipa::ToSchema;
 
 use super::{json_response, number, ok, query, read_json, Api, ApiError, Caller};
 use crate::farm::{JobSnapshot, Page, Submission};
@@ -17,6 +19,39 @@ use crate::model::job::JobId;
 pub const DEFAULT_TASK_LIMIT: u32 = 1000;
 /// Outputs in a job view unless `output_limit` says otherwise.
 pub const DEFAULT_OUTPUT_LIMIT: u32 = 10_000;
+
+/// The answer of `GET /api/v1/jobs`: a page of jobs.
+#[derive(Serialize, ToSchema)]
+pub struct JobList {
+    jobs: Vec<json::Job>,
+    /// The `after` of the next page; null on the last one.
+    next_after: Option<u64>,
+}
+
+/// The answer of `POST /api/v1/jobs`.
+#[derive(Serialize, ToSchema)]
+pub struct JobCreated {
+    job_id: u64,
+}
+
+/// The answer of `POST /api/v1/jobs/check`: what the job would be.
+#[derive(Serialize, ToSchema)]
+pub struct JobCheck {
+    /// Tasks it would split into.
+    tasks: u64,
+    /// Frames it renders.
+    frames: u64,
+    /// Online, healthy workers with a slot that can render it.
+    workers: u32,
+    /// Why it would wait (empty when a worker would take it).
+    waiting: String,
+}
+
+/// The answer of `GET /api/v1/workers`.
+#[derive(Serialize, ToSchema)]
+pub struct WorkerList {
+    workers: Vec<json::Worker>,
+}
 
 /// A job as JSON: the same object as `tessera status --json`.
 pub fn job_json(snap: &JobSnapshot) -> Value {
@@ -71,10 +106,13 @@ pub async fn list(
         .iter()
         .any(|(k, v)| *k == "archived" && (*v == "true" || *v == "1"));
     let (jobs, next) = api.farm.job_list(who, after, limit as usize, archived);
-    Ok(ok(json!({
-        "jobs": jobs.iter().map(job_json).collect::<Vec<_>>(),
-        "next_after": next,
-    })))
+    Ok(ok(JobList {
+        jobs: jobs
+            .iter()
+            .map(|j| json::Job::from(&pb::JobView::from(j)))
+            .collect(),
+        next_after: next,
+    }))
 }
 
 /// `GET /api/v1/jobs/{id}?task_from=&task_limit=&output_from=&output_limit=`.
@@ -112,7 +150,10 @@ pub async fn submit(
     let id = tokio::task::spawn_blocking(move || farm.submit(sub))
         .await
         .map_err(|e| ApiError::bad(format!("submit stopped: {e}"), "send it again"))??;
-    Ok(json_response(StatusCode::CREATED, &json!({"job_id": id.0})))
+    Ok(json_response(
+        StatusCode::CREATED,
+        &JobCreated { job_id: id.0 },
+    ))
 }
 
 /// `POST /api/v1/jobs/check`: what a submit would check, except that the
@@ -126,12 +167,12 @@ pub async fn check(
     let mut sub = spec(&api, body, true).await?;
     sub.owner = who.name;
     let c = api.farm.check_job(&sub)?;
-    Ok(ok(json!({
-        "tasks": c.tasks,
-        "frames": c.frames,
-        "workers": c.workers,
-        "waiting": c.waiting,
-    })))
+    Ok(ok(JobCheck {
+        tasks: c.tasks,
+        frames: c.frames,
+        workers: c.workers,
+        waiting: c.waiting,
+    }))
 }
 
 macro_rules! action {
@@ -156,13 +197,13 @@ action!(retry, retry, "`POST /api/v1/jobs/{id}/retry`.");
 /// `GET /api/v1/workers`: `{"workers": [...]}`.
 pub async fn workers(State(api): State<Api>, caller: Caller) -> Result<Response, ApiError> {
     caller.client()?;
-    let list: Vec<Value> = api
+    let workers = api
         .farm
         .workers()
         .iter()
-        .map(|w| tessera_proto::json::worker(&w.into()))
+        .map(|w| json::Worker::from(&pb::WorkerView::from(w)))
         .collect();
-    Ok(ok(json!({ "workers": list })))
+    Ok(ok(WorkerList { workers }))
 }
 
 /// `GET /api/v1/jobs/{id}/frames/{frame}[?thumb=N][&pass=NAME]`: the frame's

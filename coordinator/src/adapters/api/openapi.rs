@@ -1,12 +1,16 @@
 //! The OpenAPI 3.1 document of the API, served at `/api/v1/openapi.json`.
 //! Its paths come from [`super::routes`], the table the router is built
-//! from, so the two cannot drift; each route's description is here.
+//! from, and its schemas from the serde types of the bodies (utoipa's
+//! `ToSchema`), so neither can drift; each route's description is here.
 
 use axum::http::Method;
 use axum::response::Response;
 use serde_json::{json, Map, Value};
+use tessera_proto::{json, v1 as pb};
+use utoipa::openapi::{RefOr, Schema};
+use utoipa::ToSchema;
 
-use super::ok;
+use super::{blobs, jobs, ok, pipeline, web};
 
 /// `GET /api/v1/openapi.json`.
 pub async fn serve() -> Response {
@@ -61,7 +65,7 @@ pub fn describe(method: &Method, path: &str) -> Option<Value> {
         ("POST", "/api/v1/jobs/{id}/resume") => job_actions("resume"),
         ("POST", "/api/v1/jobs/{id}/retry") => job_actions("retry the failed tasks of"),
         ("POST", "/api/v1/jobs/{id}/rerun") => {
-            json!({"summary": "render these frames of the job again (even of a done job); answers the job and the frames to render", "body": "Rerun", "ok": ["200", "Rerun"]})
+            json!({"summary": "render these frames of the job again (even of a done job); answers the job and the frames to render", "body": "Rerun", "ok": ["200", "Reran"]})
         }
         ("POST", "/api/v1/jobs/{id}/update") => {
             json!({"summary": "change the jobs it waits for (before it starts; a cycle is refused) or its budget; answers the job", "body": "JobUpdate", "ok": ["200", "Job"]})
@@ -148,13 +152,56 @@ fn operation(method: &Method, path: &str) -> Value {
     op
 }
 
-/// A job's preview video in a job view.
-fn preview_schema() -> Value {
-    json!({"type": "object", "properties": {
-        "state": {"enum": ["pending", "ready", "failed"]}, "digest": {"type": "string"},
-        "size": {"type": "integer"}, "frames": {"type": "integer"}, "width": {"type": "integer"},
-        "height": {"type": "integer"}, "fps": {"type": "number"}, "message": {"type": "string"},
-    }})
+/// Adds `T`'s schema and those it refers to.
+fn add<T: ToSchema>(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+    schemas.push((T::name().into_owned(), T::schema()));
+    T::schemas(schemas);
+}
+
+/// The schemas of the JSON bodies, derived from the serde types the API
+/// reads and writes them with, and of the bodies that are not JSON.
+fn schemas() -> Map<String, Value> {
+    let mut derived = Vec::new();
+    add::<super::ApiError>(&mut derived);
+    add::<web::WhoAmI>(&mut derived);
+    add::<web::SignIn>(&mut derived);
+    add::<pb::JobSpec>(&mut derived);
+    add::<jobs::JobCheck>(&mut derived);
+    add::<jobs::JobCreated>(&mut derived);
+    add::<pipeline::Rerun>(&mut derived);
+    add::<pipeline::Reran>(&mut derived);
+    add::<pipeline::Update>(&mut derived);
+    add::<json::Job>(&mut derived);
+    add::<jobs::JobList>(&mut derived);
+    add::<jobs::WorkerList>(&mut derived);
+    add::<blobs::MissingRequest>(&mut derived);
+    add::<blobs::Missing>(&mut derived);
+    add::<blobs::BlobStored>(&mut derived);
+    add::<pb::FileSet>(&mut derived);
+    add::<blobs::FileSetStored>(&mut derived);
+    let mut out: Map<String, Value> = derived
+        .into_iter()
+        .map(|(name, schema)| {
+            let schema = serde_json::to_value(schema).unwrap_or_default();
+            (name, schema)
+        })
+        .collect();
+    for (name, schema) in [
+        ("Empty", json!({"type": "object", "properties": {}})),
+        ("Any", json!({})),
+        ("Image", json!({"type": "string", "format": "binary"})),
+        (
+            "Video",
+            json!({"type": "string", "format": "binary", "description": "video/mp4"}),
+        ),
+        (
+            "EventStream",
+            json!({"type": "string", "description": "text/event-stream"}),
+        ),
+    ] {
+        out.insert(name.into(), schema);
+    }
+    out
 }
 
 /// The whole document.
@@ -164,7 +211,6 @@ pub fn document() -> Value {
         let entry = paths.entry(path.to_string()).or_insert_with(|| json!({}));
         entry[method.as_str().to_lowercase()] = operation(&method, path);
     }
-    let s = |props: Value| json!({"type": "object", "properties": props});
     json!({
         "openapi": "3.1.0",
         "info": {
@@ -176,68 +222,7 @@ pub fn document() -> Value {
         "paths": paths,
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": {
-                "Error": s(json!({"error": {"type": "string"}, "hint": {"type": "string"}})),
-                "WhoAmI": s(json!({"user": {"type": "string"}, "role": {"enum": ["user", "admin", "worker"]}, "version": {"type": "string"}, "csrf": {"type": "string"}})),
-                "SignIn": s(json!({"token": {"type": "string"}})),
-                "Empty": s(json!({})),
-                "Any": {},
-                "Image": {"type": "string", "format": "binary"},
-                "Video": {"type": "string", "format": "binary", "description": "video/mp4"},
-                "EventStream": {"type": "string", "description": "text/event-stream"},
-                "JobSpec": s(json!({
-                    "scene_digest": {"type": "string"}, "scene_name": {"type": "string"},
-                    "frames": {"type": "string", "examples": ["1-250", "1,5,10-20"]},
-                    "chunk": {"type": "integer"}, "priority": {"type": "integer"},
-                    "max_attempts": {"type": "integer"}, "tiles": {"type": "string", "examples": ["2x2"]},
-                    "overscan": {"type": "integer"},
-                    "scene_info": s(json!({"width": {"type": "integer"}, "height": {"type": "integer"}, "file_format": {"type": "string"}, "fps": {"type": "number"}})),
-                    "device": {"enum": ["", "any", "cpu", "cuda", "optix"]}, "min_vram_gb": {"type": "number"},
-                    "tags": {"type": "array", "items": {"type": "string"}},
-                    "file_set_digest": {"type": "string"},
-                    "features": {"type": "array", "items": {"type": "string"}},
-                    "after": {"type": "array", "items": {"type": "integer"}},
-                    "max_cost": {"type": "number"},
-                    "capacity": {"enum": ["", "spot-ok", "on-demand-only"]},
-                    "preview": {"type": "boolean"},
-                    "verify": {"type": "number", "minimum": 0, "maximum": 1, "description": "fraction of tasks rendered again on a different worker and compared"},
-                })),
-                "JobCheck": s(json!({"tasks": {"type": "integer"}, "frames": {"type": "integer"}, "workers": {"type": "integer"}, "waiting": {"type": "string"}})),
-                "JobCreated": s(json!({"job_id": {"type": "integer"}})),
-                "Rerun": s(json!({"frames": {"type": "string", "examples": ["10-20"]}, "job": {"type": "object"}})),
-                "JobUpdate": s(json!({"after": {"type": "array", "items": {"type": "integer"}}, "max_cost": {"type": "number"}, "clear_max_cost": {"type": "boolean"}})),
-                "Job": s(json!({
-                    "id": {"type": "integer"}, "state": {"enum": ["queued", "running", "paused", "done", "failed", "canceled"]},
-                    "frames_total": {"type": "integer"}, "frames_done": {"type": "integer"},
-                    "outputs": {"type": "array", "items": s(json!({"frame": {"type": "integer"}, "digest": {"type": "string"}, "ext": {"type": "string"}, "size": {"type": "integer"}, "pass": {"type": "string"}}))},
-                    "outputs_total": {"type": "integer"},
-                    "tasks": {"type": "array", "items": {"type": "object"}},
-                    "frame_tiles": {"type": "array", "items": {"type": "object"}},
-                    "waiting": {"type": "string"}, "message": {"type": "string"}, "owner": {"type": "string"},
-                    "warnings": {"type": "array", "items": {"type": "string"}, "description": "what workers reported about how the frames were rendered, e.g. a driver that needs auto-run Python and was not evaluated"},
-                    "fps": {"type": ["number", "null"]},
-                    "preview": {"oneOf": [{"type": "null"}, {"$ref": "#/components/schemas/Preview"}]},
-                    "verify": {"type": "number"}, "tasks_verifying": {"type": "integer"},
-                    "outages": {"type": "array", "items": {"type": "string"}, "description": "what the farm depends on that does not answer now (GET of one job only), e.g. \"blobs: S3 s3://renders/farm at http://s3:8333 unreachable since 2026-12-04 14:30:00 UTC (connection refused)\""},
-                    "frame_stats": {"type": "array", "items": {"type": "object", "description": "frame, tile, render_ms, sync_ms, samples, memory_peak_bytes"}},
-                    "after": {"type": "array", "items": {"type": "integer"}}, "waiting_for": {"type": ["integer", "null"]},
-                    "max_cost": {"type": ["number", "null"]}, "capacity": {"enum": ["spot-ok", "on-demand-only"]},
-                    "usage": {"type": "object", "description": "gpu_hours, cpu_hours, cost, failed_hours, failed_cost, preempted_hours, preempted_cost"},
-                })),
-                "Preview": preview_schema(),
-                "JobList": s(json!({"jobs": {"type": "array", "items": {"$ref": "#/components/schemas/Job"}}, "next_after": {"type": ["integer", "null"]}})),
-                "WorkerList": s(json!({"workers": {"type": "array", "items": {"type": "object"}}})),
-                "Digests": s(json!({"digests": {"type": "array", "items": {"type": "string"}}})),
-                "Missing": s(json!({"missing": {"type": "array", "items": {"type": "string"}}})),
-                "BlobStored": s(json!({"digest": {"type": "string"}, "size": {"type": "integer"}, "already_present": {"type": "boolean"}})),
-                "FileSet": s(json!({
-                    "scene": {"type": "string"},
-                    "files": {"type": "array", "items": s(json!({"path": {"type": "string"}, "digest": {"type": "string"}, "size": {"type": "integer"}, "mode": {"type": "integer"}, "shared": {"type": "string"}}))},
-                    "mappings": {"type": "array", "items": s(json!({"from": {"type": "string"}, "to": {"type": "string"}}))},
-                    "missing": {"type": "array", "items": {"type": "string"}},
-                })),
-                "FileSetStored": s(json!({"digest": {"type": "string"}})),
-            },
+            "schemas": schemas(),
         },
     })
 }

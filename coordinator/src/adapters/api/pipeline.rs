@@ -5,8 +5,8 @@
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::response::Response;
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use super::jobs::{job_json, owned};
 use super::{ok, read_json, Api, ApiError, Caller};
@@ -14,22 +14,34 @@ use crate::farm::JobUpdate;
 use crate::model::job::JobId;
 
 /// The body of `POST /api/v1/jobs/{id}/rerun`.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct Rerun {
+pub struct Rerun {
+    /// The frames to render again.
+    #[schema(examples("10-20"))]
     frames: String,
 }
 
+/// The answer of `POST /api/v1/jobs/{id}/rerun`.
+#[derive(Serialize, ToSchema)]
+pub struct Reran {
+    job: tessera_proto::json::Job,
+    /// The frames that will render again.
+    frames: Vec<u32>,
+}
+
 /// The body of `POST /api/v1/jobs/{id}/update`.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct Update {
+#[schema(as = JobUpdate)]
+pub struct Update {
     /// Replaces the jobs it waits for (`[]`: none).
     #[serde(default)]
     after: Option<Vec<u64>>,
     /// A new budget; `null` leaves it, see `clear_max_cost`.
     #[serde(default)]
     max_cost: Option<f64>,
+    /// Removes the budget.
     #[serde(default)]
     clear_max_cost: bool,
 }
@@ -52,7 +64,8 @@ pub async fn rerun(
                 "the change stopped: {e}; see the coordinator's log"
             )))
         })??;
-    Ok(ok(json!({"job": job_json(&snap), "frames": frames})))
+    let job = (&tessera_proto::v1::JobView::from(&snap)).into();
+    Ok(ok(Reran { job, frames }))
 }
 
 /// `POST /api/v1/jobs/{id}/update` `{"after": [3], "max_cost": 40}`:

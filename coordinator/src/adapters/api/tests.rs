@@ -1,12 +1,14 @@
 //! The API's handlers over a real router and an in-memory farm: status
 //! codes, ownership, CSRF, and the OpenAPI document against the routes.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{header, HeaderMap, Method, Request, StatusCode};
 use axum::Router;
 use serde_json::{json, Value};
+use tessera_proto::v1 as pb;
 use tower::ServiceExt;
 
 use super::{router, routes, Api, MAX_STREAMS_PER_USER};
@@ -789,4 +791,107 @@ fn a_store_failure_answers_with_its_backends_fix() {
     };
     let e = super::ApiError::from(Error::from(StoreFailure::new(sled, "cannot flush")));
     assert!(e.hint.contains("--data volume"), "{}", e.hint);
+}
+
+/// The object schema a schema of the OpenAPI document stands for: `$ref`s,
+/// nullable `oneOf`s and array items followed.
+fn object_schema<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
+    let mut s = schema;
+    loop {
+        if let Some(r) = s["$ref"].as_str() {
+            s = &doc["components"]["schemas"][r.rsplit('/').next().unwrap()];
+        } else if let Some(some) = s["oneOf"]
+            .as_array()
+            .and_then(|o| o.iter().find(|x| x["type"] != "null"))
+        {
+            s = some;
+        } else if s["items"].is_object() {
+            s = &s["items"];
+        } else {
+            return s;
+        }
+    }
+}
+
+/// The properties a schema names.
+fn schema_properties(doc: &Value, schema: &Value) -> BTreeSet<String> {
+    object_schema(doc, schema)["properties"]
+        .as_object()
+        .map(|p| p.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+/// Every object in `answer` has exactly the properties its schema names.
+fn check_against_schema(doc: &Value, schema: &Value, answer: &Value, at: &str) {
+    let object = match answer {
+        Value::Array(items) => items.first(),
+        Value::Object(_) => Some(answer),
+        _ => None,
+    };
+    let Some(Value::Object(fields)) = object else {
+        return;
+    };
+    let named = schema_properties(doc, schema);
+    let sent: BTreeSet<String> = fields.keys().cloned().collect();
+    assert_eq!(
+        sent, named,
+        "{at}: the answer's fields and the schema's differ"
+    );
+    let s = object_schema(doc, schema);
+    for (k, v) in fields {
+        check_against_schema(doc, &s["properties"][k.as_str()], v, &format!("{at}.{k}"));
+    }
+}
+
+#[test]
+fn the_openapi_schemas_name_every_field_of_the_views() {
+    let doc = super::openapi::document();
+    let schemas = &doc["components"]["schemas"];
+    let job = pb::JobView {
+        id: 3,
+        usage: Some(Default::default()),
+        preview: Some(Default::default()),
+        outputs: vec![Default::default()],
+        frame_tiles: vec![Default::default()],
+        frame_stats: vec![Default::default()],
+        tasks: vec![pb::TaskView {
+            attempt_log: vec![Default::default()],
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let list = json!({"jobs": [tessera_proto::json::job(&job)], "next_after": 4});
+    check_against_schema(&doc, &schemas["JobList"], &list, "JobList");
+    let worker = pb::WorkerView {
+        runtimes: vec![Default::default()],
+        slot_info: vec![Default::default()],
+        gpus: vec![pb::Gpu {
+            telemetry: Some(Default::default()),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let list = json!({"workers": [tessera_proto::json::worker(&worker)]});
+    check_against_schema(&doc, &schemas["WorkerList"], &list, "WorkerList");
+    // The request bodies' schemas refuse unknown fields, as the API does.
+    for body in [
+        "JobSpec",
+        "FileSet",
+        "JobUpdate",
+        "Rerun",
+        "SignIn",
+        "Digests",
+    ] {
+        assert_eq!(schemas[body]["additionalProperties"], false, "{body}");
+    }
+    let spec = schema_properties(&doc, &schemas["JobSpec"]);
+    for field in [
+        "scene_digest",
+        "frames",
+        "scene_info",
+        "file_set_digest",
+        "verify",
+    ] {
+        assert!(spec.contains(field), "JobSpec has no {field}: {spec:?}");
+    }
 }

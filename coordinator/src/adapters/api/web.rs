@@ -12,8 +12,8 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use super::{csrf_token, ok, read_json, Api, ApiError, Caller, SESSION_COOKIE};
 
@@ -65,23 +65,42 @@ async fn style() -> Response {
     ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE).into_response()
 }
 
+/// Who a token belongs to: the answer of whoami and of sign-in.
+#[derive(Serialize, ToSchema)]
+pub struct WhoAmI {
+    user: String,
+    /// `user`, `admin` or `worker`.
+    #[schema(examples("user", "admin", "worker"))]
+    role: &'static str,
+    /// The coordinator's version.
+    version: &'static str,
+    /// The CSRF token to send with the session cookie (absent without it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    csrf: Option<String>,
+}
+
+impl WhoAmI {
+    fn new(who: &crate::auth::Identity, csrf: Option<String>) -> Self {
+        Self {
+            user: who.name.clone(),
+            role: who.role.name(),
+            version: env!("CARGO_PKG_VERSION"),
+            csrf,
+        }
+    }
+}
+
 /// `GET /api/v1/whoami`: `{"user", "role", "version"}`, and `csrf` when
 /// called with the session cookie.
 pub async fn whoami(caller: Caller) -> Response {
-    let mut v = json!({
-        "user": caller.who.name,
-        "role": caller.who.role.name(),
-        "version": env!("CARGO_PKG_VERSION"),
-    });
-    if let Some(csrf) = &caller.csrf {
-        v["csrf"] = json!(csrf);
-    }
-    ok(v)
+    ok(WhoAmI::new(&caller.who, caller.csrf.clone()))
 }
 
-#[derive(Deserialize)]
+/// The body of `POST /api/v1/session`.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct SignIn {
+pub struct SignIn {
+    /// A token made by `tessera users add` (or the admin token).
     token: String,
 }
 
@@ -123,12 +142,7 @@ pub async fn sign_in(
             "use a token made by `tessera users add`",
         ));
     }
-    let mut r = ok(json!({
-        "user": who.name,
-        "role": who.role.name(),
-        "version": env!("CARGO_PKG_VERSION"),
-        "csrf": csrf_token(token),
-    }));
+    let mut r = ok(WhoAmI::new(&who, Some(csrf_token(token))));
     let cookie = session_cookie(&api, token, SESSION_SECS);
     if let Ok(v) = cookie.parse() {
         r.headers_mut().insert(header::SET_COOKIE, v);
