@@ -469,7 +469,7 @@ def _is_tile(v):
 
 
 # What each command may carry: field -> (required, check, what it must be).
-# The worker's side of the same protocol is worker/src/session/messages.rs.
+# The worker's side of the same protocol is worker/src/session_protocol.rs.
 COMMANDS = {
     "render": {
         "id": (True, lambda v: _is_int(v) and v >= 0, "a non-negative integer"),
