@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Shows that every acknowledged change is fsync'ed: renders a tiny job through
-# a coordinator running under strace and counts, per file, the fsync calls
+# a coordinator running under strace and counts, per file, the sync calls
 # against the store commits the coordinator reports (tessera_store_commits_total).
+# Result blobs wait under blobs/tmp until the group commit that stores their
+# records: two syncfs calls on the blob directory per commit that has new
+# blobs (their bytes, then their names), none per blob.
 # sled's own flush only calls sync_file_range; the store's fsync of sled's log
 # after each group commit is what makes an acknowledgement survive a power cut.
 set -euo pipefail
@@ -19,7 +22,7 @@ dir="$(mktemp -d)"
 trap 'pkill -f -- "--data $dir/data" 2>/dev/null; pkill -f -- "--cache $dir/cache" 2>/dev/null; rm -rf "$dir"' EXIT
 blender -b --factory-startup --python-exit-code 2 --python tests/blender/make_scene.py -- \
   --out "$dir/s.blend" --kind anim --width 64 --height 48 --frames 6 --samples 4 >/dev/null 2>&1
-strace -f -y -e trace=fsync,fdatasync,sync_file_range -o "$dir/strace.log" \
+strace -f -y -e trace=fsync,fdatasync,sync_file_range,syncfs -o "$dir/strace.log" \
   "$T" coordinator --listen 127.0.0.1:0 --http 127.0.0.1:0 --data "$dir/data" >"$dir/coord.log" 2>&1 &
 for _ in $(seq 100); do grep -q "metrics on" "$dir/coord.log" 2>/dev/null && break; sleep 0.2; done
 grpc=$(grep 'coordinator listening on' "$dir/coord.log" | grep -oE '127\.0\.0\.1:[0-9]+' | head -1)
@@ -35,9 +38,10 @@ fi
 pkill -f -- "--data $dir/data" || true
 pkill -f -- "--cache $dir/cache" || true
 wait 2>/dev/null || true
-echo "calls by file (strace -f -y -e trace=fsync,fdatasync,sync_file_range):"
-grep -v resumed "$dir/strace.log" | grep -E 'fsync|sync_file_range' \
+echo "calls by file (strace -f -y -e trace=fsync,fdatasync,sync_file_range,syncfs):"
+grep -v resumed "$dir/strace.log" | grep -E 'fsync|sync_file_range|syncfs' \
   | sed -E 's/^[0-9]+ +//; s/>.*/>/; s#'"$dir"'#DATA#; s#(blobs/tmp/)[^>]+#\1...#' \
   | sort | uniq -c | sort -rn
 echo "store commits reported by the coordinator: ${commits:-unknown}"
 echo "(the fd that sled opened is synced by its own 500 ms flusher; the other db fd is the store's fsync after every commit)"
+echo "(syncfs on the blob directory: two per commit that made new blobs durable, before its records were written)"

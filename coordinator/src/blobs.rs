@@ -2,7 +2,13 @@
 //!
 //! [`FsBlobStore`] keeps `DIR/blobs/ab/cdef...`, writing each blob to a
 //! temporary file under `DIR/blobs/tmp/` and renaming it into place, so a crash
-//! never leaves a half-written blob under its address. Every write re-hashes the
+//! never leaves a half-written blob under its address. A verified upload waits
+//! under `tmp/` until the group commit calls [`BlobStore::make_durable`]: one
+//! `syncfs` makes every waiting blob's bytes durable, they are renamed into
+//! place, and a second `syncfs` makes the names durable, all before the
+//! records that reference them are written. So a file under its address is
+//! always whole on disk, a result costs two syncs per batch instead of two per
+//! blob, and a record never outlives its blob. Every write re-hashes the
 //! bytes and refuses a digest mismatch; the same bytes are stored once. A
 //! write that would leave less than [`crate::space::min_free`] on the volume is
 //! refused before any byte is written, and a full disk met mid-write leaves
@@ -12,7 +18,7 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::digest::Digest;
 use crate::error::{Backend, Error};
@@ -29,7 +35,8 @@ pub trait BlobWriter: Send {
     /// Appends bytes.
     fn write(&mut self, data: &[u8]) -> Result<(), Error>;
     /// Verifies the digest and size, then makes the blob visible. Returns
-    /// whether the store already held it.
+    /// whether the store already held it. A store may keep the blob's bytes
+    /// off the disk until [`BlobStore::make_durable`].
     fn commit(self: Box<Self>) -> Result<bool, Error>;
 }
 
@@ -80,6 +87,15 @@ pub trait BlobStore: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Makes every blob committed so far durable: after a crash each one is
+    /// whole under its address. The group commit calls it before it writes
+    /// records, so a stored record never names a blob a crash can lose.
+    /// A store whose writes are durable when they are answered (S3, memory)
+    /// has nothing to do.
+    fn make_durable(&self) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// Whether the store answers, for a store on another machine (none for
     /// a local one).
     fn health(&self) -> Option<crate::health::StoreHealth> {
@@ -102,6 +118,10 @@ pub struct FsBlobStore {
     volume: Volume,
     /// What its failures name: the directory and its volume's flag.
     backend: Backend,
+    /// Verified uploads waiting under `tmp/` for [`BlobStore::make_durable`].
+    /// Shared with the writers; moving a blob into place happens under this
+    /// lock, so a reader that finds a blob in neither place knows it is absent.
+    waiting: Arc<Mutex<HashMap<Digest, tempfile::TempPath>>>,
 }
 
 impl FsBlobStore {
@@ -125,6 +145,7 @@ impl FsBlobStore {
             max_blob,
             volume: Volume::new(root, "--blobs"),
             backend,
+            waiting: Arc::default(),
         })
     }
 
@@ -149,6 +170,56 @@ impl FsBlobStore {
         let hex = digest.to_hex();
         self.root.join(&hex[..2]).join(&hex[2..])
     }
+
+    fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, tempfile::TempPath>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Opens a blob wherever it is: waiting under `tmp/` or in place. The
+    /// open file stays readable when the blob is moved into place.
+    fn open_blob(&self, digest: &Digest) -> Result<std::fs::File, Error> {
+        let opened = match self.waiting().get(digest) {
+            Some(tmp) => std::fs::File::open(tmp),
+            None => std::fs::File::open(self.path(digest)),
+        };
+        opened.map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::NotFound(format!("blob {digest}")),
+            _ => self.fail(format!("cannot read blob {digest}"), e),
+        })
+    }
+
+    /// Flushes the blob volume's written bytes and names to disk: `syncfs`
+    /// on Linux, one call for any number of blobs.
+    #[allow(unsafe_code)] // syncfs(2); std has no safe form.
+    fn sync_volume(&self, what: &str) -> Result<(), Error> {
+        #[cfg(test)]
+        tests::VOLUME_SYNCS.with(|n| *n.borrow_mut() += 1);
+        let failed = |e| {
+            self.volume
+                .write_error(what.to_string(), e)
+                .on(&self.backend)
+        };
+        let dir = std::fs::File::open(&self.root).map_err(failed)?;
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: `dir` is an open descriptor for the call's duration.
+            if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+                return Err(failed(std::io::Error::last_os_error()));
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            // No syncfs: every file waiting and the directories.
+            for tmp in self.waiting().values() {
+                std::fs::File::open(tmp)
+                    .and_then(|f| f.sync_all())
+                    .map_err(failed)?;
+            }
+            dir.sync_all().map_err(failed)?;
+        }
+        Ok(())
+    }
 }
 
 struct FsWriter {
@@ -163,6 +234,8 @@ struct FsWriter {
     backend: Backend,
     /// A write failed: the upload can no longer be committed.
     failed: bool,
+    /// The store's uploads waiting for [`BlobStore::make_durable`].
+    waiting: Arc<Mutex<HashMap<Digest, tempfile::TempPath>>>,
 }
 
 impl BlobWriter for FsWriter {
@@ -213,39 +286,23 @@ impl BlobWriter for FsWriter {
         let Some(file) = self.file else {
             return Ok(true);
         };
-        let (volume, backend) = (&self.volume, &self.backend);
-        let failed = |context: String, e| volume.write_error(context, e).on(backend);
-        file.as_file()
-            .sync_all()
-            .map_err(|e| failed("cannot sync a blob to disk".into(), e))?;
-        let parent = self.final_path.parent().expect("blob path has a parent");
-        let new_shard = !parent.is_dir();
-        std::fs::create_dir_all(parent)
-            .map_err(|e| failed(format!("cannot create {}", parent.display()), e))?;
-        if new_shard {
-            // The shard directory's own entry must reach the disk too.
-            sync_dir(parent.parent().expect("shard has a parent")).map_err(|e| e.on(backend))?;
+        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        if waiting.contains_key(&self.claimed) || self.final_path.is_file() {
+            // Another upload of the same bytes finished first.
+            return Ok(true);
         }
-        file.persist(&self.final_path)
-            .map_err(|e| failed("cannot move a blob into place".into(), e.error))?;
-        // A rename is durable only once its directory is: without this, a
-        // power cut can lose a blob that was acknowledged.
-        sync_dir(parent).map_err(|e| e.on(backend))?;
+        // Written (no sync yet): it waits for the next group commit.
+        waiting.insert(self.claimed, file.into_temp_path());
         Ok(false)
     }
 }
 
-/// Flushes a directory's entries (new names, renames) to disk.
-fn sync_dir(dir: &Path) -> Result<(), Error> {
-    #[cfg(test)]
-    tests::DIR_SYNCS.with(|n| n.borrow_mut().push(dir.to_path_buf()));
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io(format!("cannot sync directory {}", dir.display()), e))
-}
-
 impl BlobStore for FsBlobStore {
     fn remove(&self, digest: &Digest) -> Result<(), Error> {
+        // A waiting upload's temporary file goes with its entry.
+        if self.waiting().remove(digest).is_some() {
+            return Ok(());
+        }
         match std::fs::remove_file(self.path(digest)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 Err(self.fail(format!("cannot remove blob {digest}"), e))
@@ -255,11 +312,52 @@ impl BlobStore for FsBlobStore {
     }
 
     fn contains(&self, digest: &Digest) -> bool {
-        self.path(digest).is_file()
+        self.waiting().contains_key(digest) || self.path(digest).is_file()
     }
 
     fn size(&self, digest: &Digest) -> Option<u64> {
-        std::fs::metadata(self.path(digest)).ok().map(|m| m.len())
+        let waiting = self.waiting();
+        let path = waiting.get(digest).map(|t| t.to_path_buf());
+        drop(waiting);
+        std::fs::metadata(path.unwrap_or_else(|| self.path(digest)))
+            .ok()
+            .map(|m| m.len())
+    }
+
+    fn make_durable(&self) -> Result<(), Error> {
+        let batch: Vec<Digest> = self.waiting().keys().copied().collect();
+        if batch.is_empty() {
+            return Ok(());
+        }
+        // The bytes of every waiting file (and of any that joined since).
+        self.sync_volume("cannot sync new blobs to disk")?;
+        {
+            // Under the lock: a reader sees each blob in one place or the other.
+            let mut waiting = self.waiting();
+            for digest in &batch {
+                // Collected meanwhile: nothing to move.
+                let Some(tmp) = waiting.remove(digest) else {
+                    continue;
+                };
+                let path = self.path(digest);
+                let parent = path.parent().expect("blob path has a parent");
+                let failed = |e| {
+                    self.volume
+                        .write_error("cannot move a blob into place".into(), e)
+                        .on(&self.backend)
+                };
+                if let Err(e) = std::fs::create_dir_all(parent) {
+                    waiting.insert(*digest, tmp);
+                    return Err(failed(e));
+                }
+                if let Err(e) = tmp.persist(&path) {
+                    waiting.insert(*digest, e.path);
+                    return Err(failed(e.error));
+                }
+            }
+        }
+        // The new names (and new shard directories).
+        self.sync_volume("cannot sync new blob names to disk")
     }
 
     fn writer(&self, digest: Digest, size: u64) -> Result<Box<dyn BlobWriter>, Error> {
@@ -293,22 +391,22 @@ impl BlobStore for FsBlobStore {
             volume: self.volume.clone(),
             backend: self.backend.clone(),
             failed: false,
+            waiting: self.waiting.clone(),
         }))
     }
 
     fn read(&self, digest: &Digest) -> Result<Vec<u8>, Error> {
-        std::fs::read(self.path(digest)).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Error::NotFound(format!("blob {digest}")),
-            _ => self.fail(format!("cannot read blob {digest}"), e),
-        })
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        self.open_blob(digest)?
+            .read_to_end(&mut bytes)
+            .map_err(|e| self.fail(format!("cannot read blob {digest}"), e))?;
+        Ok(bytes)
     }
 
     fn read_range(&self, digest: &Digest, offset: u64, len: usize) -> Result<Vec<u8>, Error> {
         use std::io::{Read, Seek, SeekFrom};
-        let mut file = std::fs::File::open(self.path(digest)).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => Error::NotFound(format!("blob {digest}")),
-            _ => self.fail(format!("cannot read blob {digest}"), e),
-        })?;
+        let mut file = self.open_blob(digest)?;
         file.seek(SeekFrom::Start(offset))
             .map_err(|e| self.fail(format!("cannot read blob {digest}"), e))?;
         let mut buf = Vec::with_capacity(len);
@@ -422,8 +520,8 @@ mod tests {
     use super::*;
 
     thread_local! {
-        /// Directories this thread synced.
-        pub(super) static DIR_SYNCS: std::cell::RefCell<Vec<PathBuf>> = const { std::cell::RefCell::new(Vec::new()) };
+        /// Volume syncs this thread made.
+        pub(super) static VOLUME_SYNCS: std::cell::RefCell<u32> = const { std::cell::RefCell::new(0) };
     }
 
     #[test]
@@ -462,31 +560,70 @@ mod tests {
         assert!(text.contains(&root.display().to_string()), "{text}");
     }
 
+    fn syncs() -> u32 {
+        VOLUME_SYNCS.with(|n| std::mem::take(&mut *n.borrow_mut()))
+    }
+
+    fn waiting_files(root: &Path) -> usize {
+        std::fs::read_dir(root.join("tmp")).unwrap().count()
+    }
+
     #[test]
-    fn a_new_blob_syncs_its_directory_after_the_rename() {
+    fn an_upload_waits_off_its_address_until_a_batch_makes_it_durable() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("blobs");
         let store = FsBlobStore::open(&root, 1 << 20).unwrap();
-        let d = Digest::of(b"durable");
-        DIR_SYNCS.with(|n| n.borrow_mut().clear());
-        store.put(d, b"durable").unwrap();
-        let shard = store.path(&d).parent().unwrap().to_path_buf();
-        let synced = DIR_SYNCS.with(|n| n.borrow().clone());
-        assert_eq!(
-            synced,
-            vec![root.clone(), shard.clone()],
-            "the new shard's parent, then the shard"
+        let (a, b) = (Digest::of(b"frame a"), Digest::of(b"frame b"));
+        syncs();
+        assert!(!store.put(a, b"frame a").unwrap());
+        assert!(!store.put(b, b"frame b").unwrap());
+        assert_eq!(syncs(), 0, "an upload alone syncs nothing");
+        // Readable where it waits, never under its address before a sync.
+        assert!(store.contains(&a));
+        assert_eq!(store.size(&a), Some(7));
+        assert_eq!(store.read(&a).unwrap(), b"frame a");
+        assert_eq!(store.read_range(&b, 6, 1).unwrap(), b"b");
+        assert!(!store.path(&a).exists());
+        assert_eq!(waiting_files(&root), 2);
+        assert!(
+            store.put(a, b"frame a").unwrap(),
+            "the same bytes wait once"
         );
-        DIR_SYNCS.with(|n| n.borrow_mut().clear());
-        store.put(Digest::of(b"other"), b"other").unwrap();
-        let synced = DIR_SYNCS.with(|n| n.borrow().clone());
-        assert!(synced.contains(
-            &store
-                .path(&Digest::of(b"other"))
-                .parent()
-                .unwrap()
-                .to_path_buf()
-        ));
+        assert_eq!(waiting_files(&root), 2);
+
+        // One batch: one sync for the bytes, one for the names.
+        let reader = store.open_blob(&a).unwrap();
+        store.make_durable().unwrap();
+        assert_eq!(syncs(), 2);
+        assert_eq!(std::fs::read(store.path(&a)).unwrap(), b"frame a");
+        assert_eq!(std::fs::read(store.path(&b)).unwrap(), b"frame b");
+        assert_eq!(waiting_files(&root), 0);
+        let mut early = String::new();
+        std::io::Read::read_to_string(&mut &reader, &mut early).unwrap();
+        assert_eq!(early, "frame a", "a reader opened before the move reads on");
+        store.make_durable().unwrap();
+        assert_eq!(syncs(), 0, "nothing waiting, nothing synced");
+    }
+
+    #[test]
+    fn a_waiting_upload_is_gone_after_a_crash_and_removable_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("blobs");
+        let store = FsBlobStore::open(&root, 1 << 20).unwrap();
+        let (a, b) = (Digest::of(b"kept"), Digest::of(b"removed"));
+        store.put(a, b"kept").unwrap();
+        store.put(b, b"removed").unwrap();
+        store.remove(&b).unwrap();
+        assert!(!store.contains(&b));
+        assert_eq!(waiting_files(&root), 1, "its temporary file went with it");
+        // A crash: nothing runs on the way out.
+        std::mem::forget(store);
+        let store = FsBlobStore::open(&root, 1 << 20).unwrap();
+        assert!(
+            !store.contains(&a),
+            "a blob no batch made durable is not under its address after a crash"
+        );
+        assert_eq!(waiting_files(&root), 0);
     }
 
     fn stores() -> (tempfile::TempDir, Vec<Box<dyn BlobStore>>) {
@@ -504,6 +641,7 @@ mod tests {
         let root = dir.path().join("blobs");
         let fs = FsBlobStore::open(&root, 64 << 20).unwrap();
         let kept = contract::check(&fs);
+        fs.make_durable().unwrap();
         let mut files: Vec<PathBuf> = std::fs::read_dir(&root)
             .unwrap()
             .flatten()
@@ -553,6 +691,7 @@ mod tests {
         let store = FsBlobStore::open(&root, 1 << 20).unwrap();
         let d = Digest::of(b"abc");
         store.put(d, b"abc").unwrap();
+        store.make_durable().unwrap();
         let hex = d.to_hex();
         assert!(root.join(&hex[..2]).join(&hex[2..]).is_file());
         assert_eq!(std::fs::read_dir(root.join("tmp")).unwrap().count(), 0);

@@ -1,7 +1,8 @@
 //! The coordinator under load from the load generator (`tessera_tests::load`):
 //! a burst of concurrent completions from fake workers over real gRPC, cut
 //! by SIGKILL. Acknowledged means stored: every completion the coordinator
-//! answered Ok before it died is a done task after it restarts.
+//! answered Ok before it died is a done task after it restarts, and its
+//! result's bytes are whole under their address in the blob store.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -97,6 +98,27 @@ fn every_acknowledged_completion_survives_a_sigkill_mid_burst() {
         acked.len(),
         lost.iter().take(5).map(|a| &a.lease).collect::<Vec<_>>()
     );
+    // The results' bytes: uploads wait off their address until the group
+    // commit that stores their record makes them durable, and a restart
+    // clears what waited, so a result missing here was acknowledged early.
+    let blobs = data.join("blobs");
+    let broken: Vec<String> = acked
+        .iter()
+        .flat_map(|a| &a.outputs)
+        .filter(|d| {
+            let bytes = std::fs::read(blobs.join(&d[..2]).join(&d[2..]));
+            !matches!(bytes, Ok(b) if blake3::hash(&b).to_hex().as_str() == d.as_str())
+        })
+        .cloned()
+        .collect();
+    assert!(
+        broken.is_empty(),
+        "{} acknowledged results are missing or damaged in {} after the restart, e.g. {:?}",
+        broken.len(),
+        blobs.display(),
+        &broken[..broken.len().min(3)]
+    );
+    assert!(acked.iter().all(|a| !a.outputs.is_empty()));
     let done = states.iter().filter(|s| **s == TaskState::Done).count();
     assert!(
         done >= acked.len(),

@@ -124,5 +124,17 @@ pub fn check(store: &dyn BlobStore) -> Vec<Digest> {
     assert!(matches!(store.read(&d_gone), Err(Error::NotFound(_))));
     store.remove(&d_gone).unwrap();
 
+    // Made durable: every kept blob reads back the same; a blob removed
+    // after that is gone too.
+    store.put(d_gone, &gone).unwrap();
+    store.make_durable().unwrap();
+    assert_eq!(store.read(&d).unwrap(), small);
+    assert_eq!(store.size(&d_big), Some(LARGE as u64));
+    assert!(store.read(&d_big).unwrap() == big, "the large blob changed");
+    assert!(store.read(&empty).unwrap().is_empty());
+    store.remove(&d_gone).unwrap();
+    assert!(!store.contains(&d_gone));
+    store.make_durable().unwrap();
+
     kept
 }

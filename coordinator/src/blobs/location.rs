@@ -53,11 +53,13 @@ mod tests {
         let d = Digest::of(b"x");
         let default = open("", dir.path(), 1 << 20).unwrap();
         default.put(d, b"x").unwrap();
+        default.make_durable().unwrap();
         assert!(dir.path().join("blobs").join(&d.to_hex()[..2]).is_dir());
         let elsewhere = dir.path().join("elsewhere");
         let store = open(elsewhere.to_str().unwrap(), dir.path(), 1 << 20).unwrap();
         assert!(!store.contains(&d));
         store.put(d, b"x").unwrap();
+        store.make_durable().unwrap();
         assert!(elsewhere.join(&d.to_hex()[..2]).is_dir());
     }
 

@@ -126,6 +126,10 @@ impl BlobStore for Checked<dyn BlobStore> {
         refuse_under_lock("BlobStore::remove_many");
         self.0.remove_many(digests)
     }
+    fn make_durable(&self) -> Result<(), Error> {
+        refuse_under_lock("BlobStore::make_durable");
+        self.0.make_durable()
+    }
     fn health(&self) -> Option<StoreHealth> {
         // In memory: the health the last request left.
         self.0.health()

@@ -253,3 +253,44 @@ fn untouched_tasks_are_rebuilt_from_their_job_and_stored_ones_laid_over_them() {
         "the lease is still held"
     );
 }
+
+#[test]
+fn an_acknowledged_result_is_under_its_address_on_disk_with_its_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(crate::store::SledStore::open(&dir.path().join("db")).unwrap());
+    let blobs =
+        Arc::new(crate::blobs::FsBlobStore::open(&dir.path().join("blobs"), 1 << 20).unwrap());
+    let bytes = b"BLENDER-v304 scene ... ENDB\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0";
+    let scene = Digest::of(bytes);
+    blobs.put(scene, bytes).unwrap();
+    let clock = Arc::new(crate::clock::ManualClock::at(1_000_000));
+    let farm = Farm::open(store, blobs.clone(), clock, super::tests::config()).unwrap();
+    let job = farm.submit(sub(scene, "1", 1)).unwrap();
+    assert!(
+        blobs.path(&scene).is_file(),
+        "the scene went to disk with the job's record"
+    );
+    let w = worker(&farm, "a");
+    let a = farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
+    let frame = b"a rendered frame".to_vec();
+    let digest = Digest::of(&frame);
+    blobs.put(digest, &frame).unwrap();
+    assert!(
+        !blobs.path(&digest).exists(),
+        "an upload waits for the group commit"
+    );
+    let out = FrameOutput {
+        frame: 1,
+        digest,
+        ext: "png".into(),
+        size: frame.len() as u64,
+        pass: String::new(),
+    };
+    farm.complete(a.lease, vec![out]).unwrap();
+    assert_eq!(farm.job(job).unwrap().job.state, JobState::Done);
+    assert_eq!(
+        std::fs::read(blobs.path(&digest)).unwrap(),
+        frame,
+        "acknowledged: the result's bytes are in place"
+    );
+}

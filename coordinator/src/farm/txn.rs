@@ -5,8 +5,9 @@
 //! install them in memory, still under the lock, so that the order of
 //! commits is the order of changes; then drop the lock and wait for the
 //! [`Ticket`]. One committer thread takes every change queued while the
-//! previous write ran and writes them as one store transaction with one
-//! flush (and `fsync`). A caller is answered only once the write holding its
+//! previous write ran, makes the blobs uploaded meanwhile durable
+//! ([`BlobStore::make_durable`]: two syncs for the whole batch), and writes
+//! the changes as one store transaction with one flush (and `fsync`). A caller is answered only once the write holding its
 //! change is on disk, so "acknowledged means stored" holds while hundreds
 //! of changes share one flush.
 //!
@@ -180,10 +181,14 @@ impl Committer {
                 .collect();
             let started = std::time::Instant::now();
             // A batch of barriers only (see `rebuild_after_panic`) writes nothing.
+            // Blobs first: a stored record never names a blob a crash can
+            // lose, and every upload so far shares this batch's sync.
             let result = if records.is_empty() {
                 Ok(())
             } else {
-                self.store.write(&records)
+                self.blobs
+                    .make_durable()
+                    .and_then(|()| self.store.write(&records))
             };
             let took = started.elapsed().as_secs_f64();
             drop(records);

@@ -42,6 +42,8 @@ pub struct Acked {
     pub task: u32,
     /// The lease the task was completed under.
     pub lease: String,
+    /// The digests of the results it reported.
+    pub outputs: Vec<String>,
     /// When the acknowledgement arrived.
     pub at: Instant,
 }
@@ -248,6 +250,7 @@ impl FakeWorker {
                 Err(s) => return rec.error("put blob", &s),
             }
         }
+        let digests = outputs.iter().map(|o| o.digest.clone()).collect();
         let start = Instant::now();
         rec.completes_in_flight.fetch_add(1, Ordering::Relaxed);
         let answer = work
@@ -265,6 +268,7 @@ impl FakeWorker {
                     job: task.job_id,
                     task: task.task_index,
                     lease: task.lease_id,
+                    outputs: digests,
                     at: Instant::now(),
                 });
             }
