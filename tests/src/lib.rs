@@ -442,24 +442,9 @@ fn unique() -> u64 {
 
 /// Starts a worker with one slot of one thread.
 pub fn worker(url: &str, dir: &Path, name: &str) -> Proc {
-    let cache = dir.join(format!("cache-{name}"));
     let log = dir.join(format!("worker-{name}.log"));
-    let child = Command::new(tessera())
-        .args([
-            "worker",
-            "--coordinator",
-            url,
-            "--name",
-            name,
-            "--slots",
-            "1",
-            "--threads",
-            "1",
-            "--device",
-            "cpu",
-            "--cache",
-        ])
-        .arg(&cache)
+    let mut cmd = Command::new(tessera());
+    let child = worker_args(&mut cmd, url, dir, name)
         .env("TESSERA_TOKEN", token_for(url, true).unwrap_or_default())
         .envs(
             cas()
