@@ -129,6 +129,24 @@ pub fn scene(args: &[&str]) -> PathBuf {
     out
 }
 
+/// The smallest scene the tests render: 32x24 pixels of `kind` (`still` or
+/// `anim`) at `samples` samples, `frames` frames long (built once per test
+/// process, like [`scene`]).
+pub fn tiny_scene(kind: &str, samples: u32, frames: u32) -> PathBuf {
+    scene(&[
+        "--kind",
+        kind,
+        "--width",
+        "32",
+        "--height",
+        "24",
+        "--samples",
+        &samples.to_string(),
+        "--frames",
+        &frames.to_string(),
+    ])
+}
+
 /// Builds a scene with `tests/blender/make_scene.py` and Debian's Blender at `out`.
 pub fn make_scene(out: &Path, args: &[&str]) {
     let result = Command::new(blender())
