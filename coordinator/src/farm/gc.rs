@@ -3,6 +3,8 @@
 
 use std::collections::{HashSet, VecDeque};
 
+use tokio::sync::watch;
+
 use super::refs::BlobRefs;
 
 use super::*;
@@ -179,35 +181,76 @@ impl BlobLedger {
     }
 }
 
-/// Collection passes, seen from outside the lock: a count that moves when a
-/// pass marks its victims and again when it ends, and a wake-up for those
-/// waiting on a blob a pass is deleting.
-#[derive(Debug, Default)]
+/// Collection passes, seen from outside the lock: an epoch that moves (under
+/// the farm's lock) when a pass marks its victims and again when it ends.
+///
+/// One `watch` channel on the epoch serves every waiter. An async waiter
+/// (uploads, blob questions) awaits a change; a blocking one (stitching,
+/// previews) drives that same future on its own thread, parked between
+/// wake-ups ([`block_on`]). The channel keeps the epoch itself, not a
+/// wake-up: a waiter that read the epoch before a pass ended and subscribes
+/// after sees the change at once, so no wake-up is lost and there is no
+/// second mechanism to keep in step.
+#[derive(Debug)]
 pub(super) struct Passes {
-    /// Moves (under the farm's lock) when a pass starts or ends.
-    epoch: std::sync::atomic::AtomicU64,
-    /// Async waiters (uploads, blob questions).
-    ended: Notify,
-    /// Blocking waiters (stitching, previews), with `ended_count`.
-    ended_sync: std::sync::Condvar,
-    ended_count: Mutex<u64>,
+    epoch: watch::Sender<u64>,
+}
+
+impl Default for Passes {
+    fn default() -> Self {
+        Self {
+            epoch: watch::Sender::new(0),
+        }
+    }
 }
 
 impl Passes {
     /// The current epoch: unchanged between two reads means no pass
     /// started or ended in between.
     pub(super) fn epoch(&self) -> u64 {
-        self.epoch.load(std::sync::atomic::Ordering::SeqCst)
+        *self.epoch.borrow()
     }
 
+    /// Moves the epoch and wakes its waiters; called under the farm's lock.
     fn bump(&self) {
-        self.epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.epoch.send_modify(|e| *e += 1);
     }
 
-    fn wake(&self) {
-        *self.ended_count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-        self.ended_sync.notify_all();
-        self.ended.notify_waiters();
+    /// Waits until the epoch is no longer `seen`.
+    async fn moved_from(&self, seen: u64) {
+        let mut rx = self.epoch.subscribe();
+        // `self` holds the sender, so the channel cannot close meanwhile.
+        let _ = rx.wait_for(|e| *e != seen).await;
+    }
+
+    /// [`Passes::moved_from`] for a thread that may block. Unconstrained by
+    /// tokio's task budget: on a runtime's thread a spent budget would make
+    /// the wait answer "not yet" at once, again and again, in [`block_on`]'s
+    /// loop.
+    fn moved_from_blocking(&self, seen: u64) {
+        block_on(tokio::task::unconstrained(self.moved_from(seen)));
+    }
+}
+
+/// Runs `f` to completion on this thread, parked while it is pending and
+/// unparked by its waker (the executor of `std::task::Wake`'s documentation):
+/// a blocking caller waits on the same channel as the async ones.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Arc::new(Unpark(std::thread::current())).into();
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let std::task::Poll::Ready(out) = f.as_mut().poll(&mut cx) {
+            return out;
+        }
+        // A wake-up before this park leaves a token: it returns at once.
+        std::thread::park();
     }
 }
 
@@ -219,38 +262,22 @@ impl Farm {
     /// uploaded or named only once it is surely gone or surely kept.
     pub async fn touch_blobs(&self, digests: &[Digest]) {
         loop {
-            let ended = self.passes.ended.notified();
-            tokio::pin!(ended);
-            ended.as_mut().enable();
+            let seen = self.passes.epoch();
             if self.try_touch(digests) {
                 return;
             }
-            ended.await;
+            self.passes.moved_from(seen).await;
         }
     }
 
     /// [`Farm::touch_blobs`] for a thread that may block.
     pub fn touch_blobs_blocking(&self, digests: &[Digest]) {
         loop {
-            let seen = *self
-                .passes
-                .ended_count
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let seen = self.passes.epoch();
             if self.try_touch(digests) {
                 return;
             }
-            let count = self
-                .passes
-                .ended_count
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            drop(
-                self.passes
-                    .ended_sync
-                    .wait_while(count, |c| *c == seen)
-                    .unwrap_or_else(|e| e.into_inner()),
-            );
+            self.passes.moved_from_blocking(seen);
         }
     }
 
@@ -313,7 +340,6 @@ impl Farm {
             st.blobs.collected(&victims, &left, now);
             self.passes.bump();
         }
-        self.passes.wake();
         let deleted = victims.len() - left.len();
         if deleted > 0 {
             tracing::debug!(deleted, "unreferenced blobs collected");
