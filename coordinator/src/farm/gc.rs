@@ -136,6 +136,12 @@ impl BlobLedger {
         self.collecting.contains(d)
     }
 
+    /// Whether a pass is deleting one of `digests` now: no lookups when no
+    /// pass is deleting anything, as nearly always.
+    fn is_collecting_any(&self, digests: &[Digest]) -> bool {
+        !self.collecting.is_empty() && digests.iter().any(|d| self.collecting.contains(d))
+    }
+
     /// Keeps the touches of `old` (memory rebuilt from the store does not
     /// know them).
     pub(super) fn keep_touched(&mut self, old: &mut BlobLedger) {
@@ -259,39 +265,34 @@ impl Farm {
     /// collector leaves them alone for a grace period, since a result naming
     /// them may be on its way. When a collection pass is deleting one of
     /// them, waits for it to end first, so that the blob is asked about,
-    /// uploaded or named only once it is surely gone or surely kept.
+    /// uploaded or named only once it is surely gone or surely kept. Nothing
+    /// waits, nor is set up to, unless a pass is deleting one of them.
     pub async fn touch_blobs(&self, digests: &[Digest]) {
-        loop {
-            let seen = self.passes.epoch();
-            if self.try_touch(digests) {
-                return;
-            }
+        while let Err(seen) = self.try_touch(digests) {
             self.passes.moved_from(seen).await;
         }
     }
 
     /// [`Farm::touch_blobs`] for a thread that may block.
     pub fn touch_blobs_blocking(&self, digests: &[Digest]) {
-        loop {
-            let seen = self.passes.epoch();
-            if self.try_touch(digests) {
-                return;
-            }
+        while let Err(seen) = self.try_touch(digests) {
             self.passes.moved_from_blocking(seen);
         }
     }
 
-    /// Touches `digests` unless a pass is deleting one of them.
-    fn try_touch(&self, digests: &[Digest]) -> bool {
+    /// Touches `digests` unless a pass is deleting one of them; then
+    /// returns the epoch read under the lock, which moves when that pass
+    /// ends.
+    fn try_touch(&self, digests: &[Digest]) -> Result<(), u64> {
         let now = self.clock.now_ms();
         let mut st = self.lock();
-        if digests.iter().any(|d| st.blobs.is_collecting(d)) {
-            return false;
+        if st.blobs.is_collecting_any(digests) {
+            return Err(self.passes.epoch());
         }
         for d in digests {
             st.blobs.touched.insert(*d, now);
         }
-        true
+        Ok(())
     }
 
     /// How long an unreferenced, untouched blob is kept.
