@@ -236,6 +236,12 @@ impl Passes {
     fn moved_from_blocking(&self, seen: u64) {
         block_on(tokio::task::unconstrained(self.moved_from(seen)));
     }
+
+    /// How many calls wait for the epoch to move now.
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
+        self.epoch.receiver_count()
+    }
 }
 
 /// Runs `f` to completion on this thread, parked while it is pending and
@@ -373,6 +379,8 @@ mod tests {
     use crate::store::MemoryStore;
     use std::sync::mpsc;
 
+    use super::super::tests::until;
+
     /// Blobs in memory whose deletions wait until the test lets them go on.
     struct HeldBlobs {
         inner: MemoryBlobStore,
@@ -406,8 +414,11 @@ mod tests {
         }
     }
 
-    #[test]
-    fn blobs_are_deleted_off_the_lock_and_nobody_uses_one_while_it_goes() {
+    /// The pass is held open while it deletes (by [`HeldBlobs`]), so the
+    /// touches below are surely made while it runs; [`Passes::waiting`]
+    /// shows them waiting.
+    #[tokio::test]
+    async fn blobs_are_deleted_off_the_lock_and_nobody_uses_one_while_it_goes() {
         let (started_tx, started) = mpsc::channel();
         let (go_on, go_on_rx) = mpsc::channel();
         let blobs = Arc::new(HeldBlobs {
@@ -419,13 +430,15 @@ mod tests {
         let scene = Digest::of(scene_bytes);
         blobs.put(scene, scene_bytes).unwrap();
         let clock = Arc::new(ManualClock::at(1_000_000));
-        let farm = Farm::open(
-            Arc::new(MemoryStore::default()),
-            blobs.clone(),
-            clock.clone(),
-            super::super::tests::config(),
-        )
-        .unwrap();
+        let farm = Arc::new(
+            Farm::open(
+                Arc::new(MemoryStore::default()),
+                blobs.clone(),
+                clock.clone(),
+                super::super::tests::config(),
+            )
+            .unwrap(),
+        );
         farm.submit(super::super::tests::sub(scene, "1", 1))
             .unwrap();
         let w = super::super::tests::worker(&farm, "a");
@@ -444,28 +457,56 @@ mod tests {
         };
         farm.lock().blobs.note_unreferenced(frame, clock.now_ms());
         clock.advance(farm.config().blob_grace_ms + 1);
-        std::thread::scope(|s| {
-            let pass = s.spawn(|| farm.collect_garbage());
-            started.recv().unwrap();
-            // The pass is deleting: the lock is free, and the blob is out of use.
-            assert!(farm.lock().blobs.is_collecting(&frame));
-            let refused = farm.complete(a.lease, vec![out.clone()]).unwrap_err();
-            assert!(
-                matches!(&refused, Error::NotFound(m) if m.contains("upload it again")),
-                "a result naming a blob being collected is refused: {refused}"
-            );
-            // An upload of the same bytes waits for the pass to end.
-            let upload = s.spawn(|| {
+        let pass = std::thread::spawn({
+            let farm = farm.clone();
+            move || farm.collect_garbage()
+        });
+        started.recv().unwrap();
+        // The pass is deleting: the lock is free, and the blob is out of use.
+        assert!(farm.lock().blobs.is_collecting(&frame));
+        let refused = farm.complete(a.lease, vec![out.clone()]).unwrap_err();
+        assert!(
+            matches!(&refused, Error::NotFound(m) if m.contains("upload it again")),
+            "a result naming a blob being collected is refused: {refused}"
+        );
+        // An upload of the same bytes, and a stitched frame that happens to
+        // be them, wait for the pass to end.
+        let upload = tokio::spawn({
+            let (farm, blobs) = (farm.clone(), blobs.clone());
+            async move {
+                farm.touch_blobs(&[frame]).await;
+                blobs.contains(&frame)
+            }
+        });
+        let stitched = std::thread::spawn({
+            let (farm, blobs) = (farm.clone(), blobs.clone());
+            move || {
                 farm.touch_blobs_blocking(&[frame]);
                 blobs.contains(&frame)
-            });
-            go_on.send(()).unwrap();
-            assert_eq!(pass.join().unwrap(), 1);
-            assert!(
-                !upload.join().unwrap(),
-                "the upload went on only once the old bytes were gone"
-            );
+            }
         });
+        until(
+            "the upload and the stitched frame to wait for the pass",
+            || farm.passes.waiting() == 2,
+        )
+        .await;
+        assert!(!upload.is_finished() && !stitched.is_finished());
+        assert!(
+            !farm.lock().blobs.touched.contains(&frame),
+            "nothing touched the blob while it went"
+        );
+        go_on.send(()).unwrap();
+        assert_eq!(pass.join().unwrap(), 1);
+        assert!(
+            !upload.await.unwrap(),
+            "the upload went on only once the old bytes were gone"
+        );
+        assert!(
+            !stitched.join().unwrap(),
+            "the stitched frame went on only once the old bytes were gone"
+        );
+        assert!(farm.lock().blobs.touched.contains(&frame));
+        assert_eq!(farm.passes.waiting(), 0);
         assert!(!farm.lock().blobs.is_collecting(&frame));
         // Uploaded again, the result is taken.
         blobs.put(frame, bytes).unwrap();
