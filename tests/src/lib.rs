@@ -129,6 +129,24 @@ pub fn scene(args: &[&str]) -> PathBuf {
     out
 }
 
+/// The smallest scene the tests render: 32x24 pixels of `kind` (`still` or
+/// `anim`) at `samples` samples, `frames` frames long (built once per test
+/// process, like [`scene`]).
+pub fn tiny_scene(kind: &str, samples: u32, frames: u32) -> PathBuf {
+    scene(&[
+        "--kind",
+        kind,
+        "--width",
+        "32",
+        "--height",
+        "24",
+        "--samples",
+        &samples.to_string(),
+        "--frames",
+        &frames.to_string(),
+    ])
+}
+
 /// Builds a scene with `tests/blender/make_scene.py` and Debian's Blender at `out`.
 pub fn make_scene(out: &Path, args: &[&str]) {
     let result = Command::new(blender())
@@ -442,24 +460,9 @@ fn unique() -> u64 {
 
 /// Starts a worker with one slot of one thread.
 pub fn worker(url: &str, dir: &Path, name: &str) -> Proc {
-    let cache = dir.join(format!("cache-{name}"));
     let log = dir.join(format!("worker-{name}.log"));
-    let child = Command::new(tessera())
-        .args([
-            "worker",
-            "--coordinator",
-            url,
-            "--name",
-            name,
-            "--slots",
-            "1",
-            "--threads",
-            "1",
-            "--device",
-            "cpu",
-            "--cache",
-        ])
-        .arg(&cache)
+    let mut cmd = Command::new(tessera());
+    let child = worker_args(&mut cmd, url, dir, name)
         .env("TESSERA_TOKEN", token_for(url, true).unwrap_or_default())
         .envs(
             cas()

@@ -231,18 +231,7 @@ fn sigterm_releases_a_busy_workers_task_at_once() {
 
 #[test]
 fn pause_resume_cancel_and_retry_reach_the_workers() {
-    let small = scene(&[
-        "--kind",
-        "still",
-        "--width",
-        "32",
-        "--height",
-        "24",
-        "--samples",
-        "4",
-        "--frames",
-        "1",
-    ]);
+    let small = tiny_scene("still", 4, 1);
     let scene = scene(&[
         "--kind",
         "anim",
@@ -325,30 +314,8 @@ fn pause_resume_cancel_and_retry_reach_the_workers() {
 
 #[test]
 fn a_broken_blob_store_refuses_new_work_and_keeps_what_it_has() {
-    let scene_a = scene(&[
-        "--kind",
-        "still",
-        "--width",
-        "32",
-        "--height",
-        "24",
-        "--samples",
-        "4",
-        "--frames",
-        "1",
-    ]);
-    let scene_b = scene(&[
-        "--kind",
-        "anim",
-        "--width",
-        "32",
-        "--height",
-        "24",
-        "--samples",
-        "4",
-        "--frames",
-        "1",
-    ]);
+    let scene_a = tiny_scene("still", 4, 1);
+    let scene_b = tiny_scene("anim", 4, 1);
     let dir = scratch();
     let data = dir.path().join("data");
     let coord = Coordinator::start(&data, "127.0.0.1:0", &[]);

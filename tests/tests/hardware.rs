@@ -67,18 +67,7 @@ fn the_probe_finds_the_vulkan_device_for_real() {
 
 #[test]
 fn tasks_go_only_to_slots_that_can_serve_them() {
-    let scene = scene(&[
-        "--kind",
-        "anim",
-        "--width",
-        "32",
-        "--height",
-        "24",
-        "--samples",
-        "4",
-        "--frames",
-        "2",
-    ]);
+    let scene = tiny_scene("anim", 4, 2);
     let dir = scratch();
     let coord = Coordinator::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
     let big = worker_with(
@@ -169,18 +158,7 @@ fn tasks_go_only_to_slots_that_can_serve_them() {
 
 #[test]
 fn a_hot_gpu_drains_its_worker_until_it_cools_and_metrics_show_it() {
-    let scene = scene(&[
-        "--kind",
-        "anim",
-        "--width",
-        "32",
-        "--height",
-        "24",
-        "--samples",
-        "4",
-        "--frames",
-        "2",
-    ]);
+    let scene = tiny_scene("anim", 4, 2);
     let dir = scratch();
     let coord = Coordinator::start(
         &dir.path().join("data"),
@@ -338,18 +316,7 @@ fn a_hot_gpu_drains_its_worker_until_it_cools_and_metrics_show_it() {
 fn a_gpu_blender_cannot_use_stops_its_slot_from_taking_gpu_work() {
     // Debian's Blender has no CUDA: forcing --device cuda on a declared GPU
     // makes Blender say it found no such device.
-    let scene = scene(&[
-        "--kind",
-        "anim",
-        "--width",
-        "32",
-        "--height",
-        "24",
-        "--samples",
-        "4",
-        "--frames",
-        "2",
-    ]);
+    let scene = tiny_scene("anim", 4, 2);
     let dir = scratch();
     let coord = Coordinator::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
     let w = worker_with(

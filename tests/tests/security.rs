@@ -44,18 +44,7 @@ fn submit_as(url: &str, token: &str, scene: &Path) -> u64 {
 
 #[test]
 fn tokens_roles_and_ownership() {
-    let scene = scene(&[
-        "--kind",
-        "still",
-        "--width",
-        "32",
-        "--height",
-        "24",
-        "--samples",
-        "4",
-        "--frames",
-        "1",
-    ]);
+    let scene = tiny_scene("still", 4, 1);
     let dir = scratch();
     let coord = Coordinator::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
     let url = coord.url.clone();
@@ -158,18 +147,7 @@ fn tokens_roles_and_ownership() {
 
 #[test]
 fn tls_end_to_end_and_no_plain_text_off_loopback() {
-    let scene = scene(&[
-        "--kind",
-        "still",
-        "--width",
-        "32",
-        "--height",
-        "24",
-        "--samples",
-        "4",
-        "--frames",
-        "1",
-    ]);
+    let scene = tiny_scene("still", 4, 1);
     let dir = scratch();
     // A CA, and a server certificate for localhost signed by it.
     let (ca, ca_key) = (dir.path().join("ca.pem"), dir.path().join("ca.key"));
@@ -381,18 +359,7 @@ fn authed<T>(msg: T, token: &str) -> tonic::Request<T> {
 
 #[test]
 fn a_corpus_of_bad_input_gets_clear_errors_and_harms_nothing() {
-    let good = scene(&[
-        "--kind",
-        "still",
-        "--width",
-        "32",
-        "--height",
-        "24",
-        "--samples",
-        "4",
-        "--frames",
-        "1",
-    ]);
+    let good = tiny_scene("still", 4, 1);
     let dir = scratch();
     let coord = Coordinator::start(
         &dir.path().join("data"),

@@ -220,18 +220,7 @@ fn cancelling_a_job_ends_its_sessions_on_every_worker_within_seconds() {
 #[test]
 fn session_py_answers_malformed_commands_with_clear_errors_and_keeps_serving() {
     use std::io::{BufRead, BufReader, Write};
-    let scene = scene(&[
-        "--kind",
-        "still",
-        "--width",
-        "32",
-        "--height",
-        "24",
-        "--samples",
-        "1",
-        "--frames",
-        "1",
-    ]);
+    let scene = tiny_scene("still", 1, 1);
     let dir = scratch();
     let log = dir.path().join("blender.log");
     let script = root().join("blender/session.py");

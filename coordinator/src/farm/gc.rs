@@ -3,6 +3,8 @@
 
 use std::collections::{HashSet, VecDeque};
 
+use tokio::sync::watch;
+
 use super::refs::BlobRefs;
 
 use super::*;
@@ -134,6 +136,12 @@ impl BlobLedger {
         self.collecting.contains(d)
     }
 
+    /// Whether a pass is deleting one of `digests` now: no lookups when no
+    /// pass is deleting anything, as nearly always.
+    fn is_collecting_any(&self, digests: &[Digest]) -> bool {
+        !self.collecting.is_empty() && digests.iter().any(|d| self.collecting.contains(d))
+    }
+
     /// Keeps the touches of `old` (memory rebuilt from the store does not
     /// know them).
     pub(super) fn keep_touched(&mut self, old: &mut BlobLedger) {
@@ -179,35 +187,82 @@ impl BlobLedger {
     }
 }
 
-/// Collection passes, seen from outside the lock: a count that moves when a
-/// pass marks its victims and again when it ends, and a wake-up for those
-/// waiting on a blob a pass is deleting.
-#[derive(Debug, Default)]
+/// Collection passes, seen from outside the lock: an epoch that moves (under
+/// the farm's lock) when a pass marks its victims and again when it ends.
+///
+/// One `watch` channel on the epoch serves every waiter. An async waiter
+/// (uploads, blob questions) awaits a change; a blocking one (stitching,
+/// previews) drives that same future on its own thread, parked between
+/// wake-ups ([`block_on`]). The channel keeps the epoch itself, not a
+/// wake-up: a waiter that read the epoch before a pass ended and subscribes
+/// after sees the change at once, so no wake-up is lost and there is no
+/// second mechanism to keep in step.
+#[derive(Debug)]
 pub(super) struct Passes {
-    /// Moves (under the farm's lock) when a pass starts or ends.
-    epoch: std::sync::atomic::AtomicU64,
-    /// Async waiters (uploads, blob questions).
-    ended: Notify,
-    /// Blocking waiters (stitching, previews), with `ended_count`.
-    ended_sync: std::sync::Condvar,
-    ended_count: Mutex<u64>,
+    epoch: watch::Sender<u64>,
+}
+
+impl Default for Passes {
+    fn default() -> Self {
+        Self {
+            epoch: watch::Sender::new(0),
+        }
+    }
 }
 
 impl Passes {
     /// The current epoch: unchanged between two reads means no pass
     /// started or ended in between.
     pub(super) fn epoch(&self) -> u64 {
-        self.epoch.load(std::sync::atomic::Ordering::SeqCst)
+        *self.epoch.borrow()
     }
 
+    /// Moves the epoch and wakes its waiters; called under the farm's lock.
     fn bump(&self) {
-        self.epoch.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.epoch.send_modify(|e| *e += 1);
     }
 
-    fn wake(&self) {
-        *self.ended_count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-        self.ended_sync.notify_all();
-        self.ended.notify_waiters();
+    /// Waits until the epoch is no longer `seen`.
+    async fn moved_from(&self, seen: u64) {
+        let mut rx = self.epoch.subscribe();
+        // `self` holds the sender, so the channel cannot close meanwhile.
+        let _ = rx.wait_for(|e| *e != seen).await;
+    }
+
+    /// [`Passes::moved_from`] for a thread that may block. Unconstrained by
+    /// tokio's task budget: on a runtime's thread a spent budget would make
+    /// the wait answer "not yet" at once, again and again, in [`block_on`]'s
+    /// loop.
+    fn moved_from_blocking(&self, seen: u64) {
+        block_on(tokio::task::unconstrained(self.moved_from(seen)));
+    }
+
+    /// How many calls wait for the epoch to move now.
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
+        self.epoch.receiver_count()
+    }
+}
+
+/// Runs `f` to completion on this thread, parked while it is pending and
+/// unparked by its waker (the executor of `std::task::Wake`'s documentation):
+/// a blocking caller waits on the same channel as the async ones.
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Arc::new(Unpark(std::thread::current())).into();
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        if let std::task::Poll::Ready(out) = f.as_mut().poll(&mut cx) {
+            return out;
+        }
+        // A wake-up before this park leaves a token: it returns at once.
+        std::thread::park();
     }
 }
 
@@ -216,55 +271,34 @@ impl Farm {
     /// collector leaves them alone for a grace period, since a result naming
     /// them may be on its way. When a collection pass is deleting one of
     /// them, waits for it to end first, so that the blob is asked about,
-    /// uploaded or named only once it is surely gone or surely kept.
+    /// uploaded or named only once it is surely gone or surely kept. Nothing
+    /// waits, nor is set up to, unless a pass is deleting one of them.
     pub async fn touch_blobs(&self, digests: &[Digest]) {
-        loop {
-            let ended = self.passes.ended.notified();
-            tokio::pin!(ended);
-            ended.as_mut().enable();
-            if self.try_touch(digests) {
-                return;
-            }
-            ended.await;
+        while let Err(seen) = self.try_touch(digests) {
+            self.passes.moved_from(seen).await;
         }
     }
 
     /// [`Farm::touch_blobs`] for a thread that may block.
     pub fn touch_blobs_blocking(&self, digests: &[Digest]) {
-        loop {
-            let seen = *self
-                .passes
-                .ended_count
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if self.try_touch(digests) {
-                return;
-            }
-            let count = self
-                .passes
-                .ended_count
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            drop(
-                self.passes
-                    .ended_sync
-                    .wait_while(count, |c| *c == seen)
-                    .unwrap_or_else(|e| e.into_inner()),
-            );
+        while let Err(seen) = self.try_touch(digests) {
+            self.passes.moved_from_blocking(seen);
         }
     }
 
-    /// Touches `digests` unless a pass is deleting one of them.
-    fn try_touch(&self, digests: &[Digest]) -> bool {
+    /// Touches `digests` unless a pass is deleting one of them; then
+    /// returns the epoch read under the lock, which moves when that pass
+    /// ends.
+    fn try_touch(&self, digests: &[Digest]) -> Result<(), u64> {
         let now = self.clock.now_ms();
         let mut st = self.lock();
-        if digests.iter().any(|d| st.blobs.is_collecting(d)) {
-            return false;
+        if st.blobs.is_collecting_any(digests) {
+            return Err(self.passes.epoch());
         }
         for d in digests {
             st.blobs.touched.insert(*d, now);
         }
-        true
+        Ok(())
     }
 
     /// How long an unreferenced, untouched blob is kept.
@@ -313,7 +347,6 @@ impl Farm {
             st.blobs.collected(&victims, &left, now);
             self.passes.bump();
         }
-        self.passes.wake();
         let deleted = victims.len() - left.len();
         if deleted > 0 {
             tracing::debug!(deleted, "unreferenced blobs collected");
@@ -345,6 +378,8 @@ mod tests {
     use crate::clock::ManualClock;
     use crate::store::MemoryStore;
     use std::sync::mpsc;
+
+    use super::super::tests::until;
 
     /// Blobs in memory whose deletions wait until the test lets them go on.
     struct HeldBlobs {
@@ -379,8 +414,11 @@ mod tests {
         }
     }
 
-    #[test]
-    fn blobs_are_deleted_off_the_lock_and_nobody_uses_one_while_it_goes() {
+    /// The pass is held open while it deletes (by [`HeldBlobs`]), so the
+    /// touches below are surely made while it runs; [`Passes::waiting`]
+    /// shows them waiting.
+    #[tokio::test]
+    async fn blobs_are_deleted_off_the_lock_and_nobody_uses_one_while_it_goes() {
         let (started_tx, started) = mpsc::channel();
         let (go_on, go_on_rx) = mpsc::channel();
         let blobs = Arc::new(HeldBlobs {
@@ -392,13 +430,15 @@ mod tests {
         let scene = Digest::of(scene_bytes);
         blobs.put(scene, scene_bytes).unwrap();
         let clock = Arc::new(ManualClock::at(1_000_000));
-        let farm = Farm::open(
-            Arc::new(MemoryStore::default()),
-            blobs.clone(),
-            clock.clone(),
-            super::super::tests::config(),
-        )
-        .unwrap();
+        let farm = Arc::new(
+            Farm::open(
+                Arc::new(MemoryStore::default()),
+                blobs.clone(),
+                clock.clone(),
+                super::super::tests::config(),
+            )
+            .unwrap(),
+        );
         farm.submit(super::super::tests::sub(scene, "1", 1))
             .unwrap();
         let w = super::super::tests::worker(&farm, "a");
@@ -417,28 +457,56 @@ mod tests {
         };
         farm.lock().blobs.note_unreferenced(frame, clock.now_ms());
         clock.advance(farm.config().blob_grace_ms + 1);
-        std::thread::scope(|s| {
-            let pass = s.spawn(|| farm.collect_garbage());
-            started.recv().unwrap();
-            // The pass is deleting: the lock is free, and the blob is out of use.
-            assert!(farm.lock().blobs.is_collecting(&frame));
-            let refused = farm.complete(a.lease, vec![out.clone()]).unwrap_err();
-            assert!(
-                matches!(&refused, Error::NotFound(m) if m.contains("upload it again")),
-                "a result naming a blob being collected is refused: {refused}"
-            );
-            // An upload of the same bytes waits for the pass to end.
-            let upload = s.spawn(|| {
+        let pass = std::thread::spawn({
+            let farm = farm.clone();
+            move || farm.collect_garbage()
+        });
+        started.recv().unwrap();
+        // The pass is deleting: the lock is free, and the blob is out of use.
+        assert!(farm.lock().blobs.is_collecting(&frame));
+        let refused = farm.complete(a.lease, vec![out.clone()]).unwrap_err();
+        assert!(
+            matches!(&refused, Error::NotFound(m) if m.contains("upload it again")),
+            "a result naming a blob being collected is refused: {refused}"
+        );
+        // An upload of the same bytes, and a stitched frame that happens to
+        // be them, wait for the pass to end.
+        let upload = tokio::spawn({
+            let (farm, blobs) = (farm.clone(), blobs.clone());
+            async move {
+                farm.touch_blobs(&[frame]).await;
+                blobs.contains(&frame)
+            }
+        });
+        let stitched = std::thread::spawn({
+            let (farm, blobs) = (farm.clone(), blobs.clone());
+            move || {
                 farm.touch_blobs_blocking(&[frame]);
                 blobs.contains(&frame)
-            });
-            go_on.send(()).unwrap();
-            assert_eq!(pass.join().unwrap(), 1);
-            assert!(
-                !upload.join().unwrap(),
-                "the upload went on only once the old bytes were gone"
-            );
+            }
         });
+        until(
+            "the upload and the stitched frame to wait for the pass",
+            || farm.passes.waiting() == 2,
+        )
+        .await;
+        assert!(!upload.is_finished() && !stitched.is_finished());
+        assert!(
+            !farm.lock().blobs.touched.contains(&frame),
+            "nothing touched the blob while it went"
+        );
+        go_on.send(()).unwrap();
+        assert_eq!(pass.join().unwrap(), 1);
+        assert!(
+            !upload.await.unwrap(),
+            "the upload went on only once the old bytes were gone"
+        );
+        assert!(
+            !stitched.join().unwrap(),
+            "the stitched frame went on only once the old bytes were gone"
+        );
+        assert!(farm.lock().blobs.touched.contains(&frame));
+        assert_eq!(farm.passes.waiting(), 0);
         assert!(!farm.lock().blobs.is_collecting(&frame));
         // Uploaded again, the result is taken.
         blobs.put(frame, bytes).unwrap();

@@ -357,18 +357,7 @@ pub fn lanes(
 /// Returns the number of cases.
 pub fn render_refuses_strangers(other_token: &str) -> usize {
     use std::io::BufRead;
-    let scene = scene(&[
-        "--kind",
-        "anim",
-        "--width",
-        "32",
-        "--height",
-        "24",
-        "--samples",
-        "4",
-        "--frames",
-        "2",
-    ]);
+    let scene = tiny_scene("anim", 4, 2);
     let dir = scratch();
     let out = dir.path().join("out");
     let mut child = std::process::Command::new(tessera())
