@@ -306,6 +306,29 @@ pub async fn fetch(
     job: &pb::JobView,
     dir: &Path,
 ) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
+    fetch_from(client, job, dir, Source::Farm).await
+}
+
+/// Where [`fetch_from`] takes a job's files.
+#[derive(Debug, Clone, Copy)]
+pub enum Source<'a> {
+    /// Downloaded from the coordinator (verified against their digests).
+    Farm,
+    /// Taken from the blob directory of a coordinator in this process
+    /// (`tessera render`), whose uploads it verified: hard-linked when
+    /// `link` (a directory deleted when the render ends, so the frame is
+    /// not shared with a store that lives on) and on the same volume, else
+    /// copied by the kernel.
+    Local { blobs: &'a Path, link: bool },
+}
+
+/// [`fetch`] from `source`.
+pub async fn fetch_from(
+    client: &mut Client,
+    job: &pb::JobView,
+    dir: &Path,
+    source: Source<'_>,
+) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let outputs = client.outputs(job.id).await?;
     let mut frames = Vec::with_capacity(outputs.len());
@@ -328,16 +351,29 @@ pub async fn fetch(
             }
             path
         };
-        transfer::download_file(&mut client.blobs, &out.digest, &path)
-            .await
-            .map_err(|e| match e {
-                tessera_worker::Error::Rpc(s) => client.explain(s),
-                other => anyhow!(other),
-            })
-            .with_context(|| match out.pass.as_str() {
-                "" => format!("cannot download frame {}", out.frame),
-                p => format!("cannot download {p} of frame {}", out.frame),
-            })?;
+        let what = || match out.pass.as_str() {
+            "" => format!("cannot download frame {}", out.frame),
+            p => format!("cannot download {p} of frame {}", out.frame),
+        };
+        let local = match source {
+            Source::Farm => false,
+            Source::Local { blobs, link } => out
+                .digest
+                .parse()
+                .map(|d| tessera_coordinator::blobs::blob_path(blobs, &d))
+                .is_ok_and(|from| deliver(&from, &path, link).is_ok()),
+        };
+        // Not in place (still waiting for the commit that makes it durable):
+        // the coordinator serves it wherever it is.
+        if !local {
+            transfer::download_file(&mut client.blobs, &out.digest, &path)
+                .await
+                .map_err(|e| match e {
+                    tessera_worker::Error::Rpc(s) => client.explain(s),
+                    other => anyhow!(other),
+                })
+                .with_context(what)?;
+        }
         if out.pass.is_empty() {
             frames.push(path);
         } else {
@@ -345,4 +381,21 @@ pub async fn fetch(
         }
     }
     Ok((frames, passes))
+}
+
+/// Puts the stored file `from` at `to`: a hard link when `link` allows and
+/// both are on one volume, else a copy (`copy_file_range` on Linux: the
+/// bytes do not pass through this process).
+fn deliver(from: &Path, to: &Path, link: bool) -> std::io::Result<()> {
+    if !from.is_file() {
+        return Err(std::io::ErrorKind::NotFound.into());
+    }
+    match std::fs::remove_file(to) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    if link && std::fs::hard_link(from, to).is_ok() {
+        return Ok(());
+    }
+    std::fs::copy(from, to).map(drop)
 }

@@ -142,7 +142,13 @@ pub async fn render(args: RenderArgs) -> Result<()> {
             j = client::wait(&mut c, id) => j?,
             _ = shutdown_signal() => anyhow::bail!("interrupted"),
         };
-        let fetched = client::fetch(&mut c, &job, &args.output).await?;
+        // Straight from the embedded coordinator's blob directory: no
+        // round trip through its gRPC port and no second copy of each frame.
+        let source = client::Source::Local {
+            blobs: &data.join("blobs"),
+            link: args.data.is_none(),
+        };
+        let fetched = client::fetch_from(&mut c, &job, &args.output, source).await?;
         Ok::<_, anyhow::Error>(fetched)
     }
     .await;

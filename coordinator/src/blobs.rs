@@ -110,6 +110,13 @@ pub trait BlobStore: Send + Sync + 'static {
     }
 }
 
+/// Where a [`FsBlobStore`] at `root` keeps `digest` once it is durable, for
+/// a reader in the same process that copies it out (`tessera render`).
+pub fn blob_path(root: &Path, digest: &Digest) -> PathBuf {
+    let hex = digest.to_hex();
+    root.join(&hex[..2]).join(&hex[2..])
+}
+
 /// Blobs as files under `root/ab/cdef...`.
 #[derive(Debug)]
 pub struct FsBlobStore {
@@ -167,8 +174,7 @@ impl FsBlobStore {
 
     /// The file path of a blob (present or not).
     pub fn path(&self, digest: &Digest) -> PathBuf {
-        let hex = digest.to_hex();
-        self.root.join(&hex[..2]).join(&hex[2..])
+        blob_path(&self.root, digest)
     }
 
     fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, tempfile::TempPath>> {

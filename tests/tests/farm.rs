@@ -369,4 +369,36 @@ fn render_runs_a_private_farm_with_no_set_up() {
     let refs = dir.path().join("refs");
     reference(&scene, 1, 3, &refs);
     assert_matches_reference(&out, &refs, 1..=3);
+
+    // With a --data directory that lives on, the frames are copies: editing
+    // one cannot change the farm's stored bytes.
+    let data = dir.path().join("data");
+    let kept = dir.path().join("kept");
+    let run = std::process::Command::new(tessera())
+        .args([
+            "render",
+            scene.to_str().unwrap(),
+            "--frames",
+            "1-2",
+            "--data",
+        ])
+        .arg(&data)
+        .arg("-o")
+        .arg(&kept)
+        .env_remove("TESSERA_TOKEN")
+        .env_remove("TESSERA_COORDINATOR")
+        .env("XDG_CONFIG_HOME", dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert_matches_reference(&kept, &refs, 1..=2);
+    use std::os::unix::fs::MetadataExt;
+    for f in frames_of(&kept) {
+        let links = std::fs::metadata(kept.join(&f)).unwrap().nlink();
+        assert_eq!(links, 1, "{f} shares its bytes with the data directory");
+    }
 }
