@@ -195,7 +195,11 @@ impl FsBlobStore {
     }
 
     /// Flushes the blob volume's written bytes and names to disk: `syncfs`
-    /// on Linux, one call for any number of blobs.
+    /// on Linux, one call for any number of blobs. It flushes every dirty
+    /// page of the volume, other programs' too: a coordinator under load
+    /// wants its blob directory on a volume that nothing else writes much
+    /// (measured here: 0.26 ms for the pair when quiet, 28 ms at p99 beside
+    /// a compiler writing to the same disk).
     #[allow(unsafe_code)] // syncfs(2); std has no safe form.
     fn sync_volume(&self, what: &str) -> Result<(), Error> {
         #[cfg(test)]
