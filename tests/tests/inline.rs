@@ -3,7 +3,7 @@
 //! stores them byte for byte (durably once acknowledged), refuses bytes that
 //! are not what the output claims or are over its limit, and only for a
 //! lease's holder, storing nothing then; a real worker sends small frames
-//! this way.
+//! this way, and larger ones by PutBlob.
 
 use std::path::Path;
 use std::time::Duration;
@@ -231,9 +231,9 @@ fn inline_results_are_stored_exactly_and_bad_ones_store_nothing() {
 }
 
 #[test]
-fn a_worker_sends_small_frames_inline_and_uploads_none() {
+fn a_worker_sends_small_frames_inline_and_large_ones_by_put_blob() {
     let dir = scratch();
-    let scene = scene(&["--kind", "anim", "--frames", "3"]);
+    let small = scene(&["--kind", "anim", "--frames", "3"]);
     // The coordinator's debug log names every blob PutBlob stores and
     // every result stored inline.
     let coord = Coordinator::start_env(
@@ -247,11 +247,11 @@ fn a_worker_sends_small_frames_inline_and_uploads_none() {
     );
     let w = worker(&coord.url, dir.path(), "a");
     let out = dir.path().join("out");
-    submit_wait(&coord.url, &scene, "1-3", &out);
+    submit_wait(&coord.url, &small, "1-3", &out);
     let expected: Vec<String> = (1..=3).map(|f| format!("frame_{f:04}.png")).collect();
     assert_eq!(frames_of(&out), expected);
     let refs = dir.path().join("refs");
-    reference(&scene, 1, 3, &refs);
+    reference(&small, 1, 3, &refs);
     assert_matches_reference(&out, &refs, 1..=3);
 
     let log = coord.proc.log();
@@ -278,4 +278,30 @@ fn a_worker_sends_small_frames_inline_and_uploads_none() {
             "frame {f} ({d}) was uploaded with PutBlob:\n{log}"
         );
     }
+
+    // A frame over the limit goes by PutBlob, as before.
+    let large = scene(&[
+        "--kind", "still", "--frames", "1", "--width", "512", "--height", "384", "--format",
+        "PNG16",
+    ]);
+    let out = dir.path().join("out-large");
+    submit_wait(&coord.url, &large, "1", &out);
+    let bytes = std::fs::read(out.join("frame_0001.png")).unwrap();
+    assert!(
+        bytes.len() > 256 << 10,
+        "the large frame has only {} bytes; render a larger one",
+        bytes.len()
+    );
+    let d = blake3::hash(&bytes).to_hex().to_string();
+    let log = coord.proc.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("blob stored") && l.contains(&d)),
+        "the large frame ({d}) was not uploaded with PutBlob:\n{log}"
+    );
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("stored inline") && l.contains(&d)),
+        "the large frame ({d}) went inline:\n{log}"
+    );
 }
