@@ -244,9 +244,12 @@ impl Coordinator {
                 .max_decoding_message_size(max_message),
             guard(&[Role::Admin, Role::User]),
         );
+        // A Complete may carry small results inline on top of its fields.
+        let max_work_message =
+            max_message.saturating_add(crate::adapters::grpc::INLINE_COMPLETE_MAX as usize);
         let work = InterceptedService::new(
             pb::work_server::WorkServer::new(WorkService::new(self.farm.clone()))
-                .max_decoding_message_size(max_message),
+                .max_decoding_message_size(max_work_message),
             guard(&[Role::Admin, Role::Worker]),
         );
         // Wide HTTP/2 windows: blobs stream in 1 MiB chunks (the default

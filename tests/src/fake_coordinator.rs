@@ -97,6 +97,7 @@ impl pb::work_server::Work for Fake {
         Ok(Response::new(pb::RegisterResponse {
             worker_id: "fake-worker".into(),
             lease_ttl_ms: 30_000,
+            ..Default::default()
         }))
     }
 

@@ -2,7 +2,8 @@
 //! a burst of concurrent completions from fake workers over real gRPC, cut
 //! by SIGKILL. Acknowledged means stored: every completion the coordinator
 //! answered Ok before it died is a done task after it restarts, and its
-//! result's bytes are whole under their address in the blob store.
+//! result's bytes are whole under their address in the blob store, whether
+//! they came inline in the Complete call or by PutBlob before it.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -17,6 +18,17 @@ const TASKS: u32 = 4000;
 
 #[test]
 fn every_acknowledged_completion_survives_a_sigkill_mid_burst() {
+    survives_a_sigkill_mid_burst(false);
+}
+
+#[test]
+fn every_acknowledged_uploaded_result_survives_a_sigkill_mid_burst() {
+    survives_a_sigkill_mid_burst(true);
+}
+
+/// A burst of completions cut by SIGKILL; with `uploaded`, every result is
+/// uploaded with PutBlob before its Complete, else carried inside it.
+fn survives_a_sigkill_mid_burst(uploaded: bool) {
     let scene = std::fs::read(scene(&["--kind", "still", "--frames", "1"])).unwrap();
     let dir = scratch();
     let data = dir.path().join("data");
@@ -48,6 +60,7 @@ fn every_acknowledged_completion_survives_a_sigkill_mid_burst() {
             lease_wait: Duration::from_secs(2),
             scene: digest,
             result_bytes: 64,
+            put_blob: uploaded,
         };
         (
             job,
@@ -119,6 +132,19 @@ fn every_acknowledged_completion_survives_a_sigkill_mid_burst() {
         &broken[..broken.len().min(3)]
     );
     assert!(acked.iter().all(|a| !a.outputs.is_empty()));
+    let inline = rec.inline_results.load(Relaxed);
+    if uploaded {
+        assert_eq!(
+            inline, 0,
+            "results went inline despite FleetConfig::put_blob"
+        );
+    } else {
+        assert!(
+            inline >= acked.len() as u64 && rec.put_blob.all().is_empty(),
+            "{inline} results inline for {} acknowledged completions; the coordinator should accept 64-byte results inline",
+            acked.len()
+        );
+    }
     let done = states.iter().filter(|s| **s == TaskState::Done).count();
     assert!(
         done >= acked.len(),

@@ -195,6 +195,9 @@ struct Shared<R> {
     channel: Conn,
     worker_id: RwLock<String>,
     ttl_ms: AtomicU32,
+    /// What the coordinator accepts inline in Complete, as it said when
+    /// this worker registered.
+    inline: std::sync::Mutex<InlineBudget>,
 }
 
 /// Runs a worker until `shutdown` turns true. Tasks in flight are released
@@ -222,6 +225,7 @@ pub async fn run<R: Renderer>(
         renderer,
         worker_id: RwLock::new(String::new()),
         ttl_ms: AtomicU32::new(30_000),
+        inline: std::sync::Mutex::new(InlineBudget::default()),
         config,
     });
     register(&shared, &shutdown).await?;
@@ -320,6 +324,10 @@ async fn register<R: Renderer>(
                 shared
                     .ttl_ms
                     .store(r.lease_ttl_ms.max(300), Ordering::Relaxed);
+                *shared.inline.lock().unwrap() = InlineBudget {
+                    file_max: r.inline_result_max,
+                    left: r.inline_complete_max,
+                };
                 return Ok(());
             }
             Err(s) if transient(&s) && !*shutdown.borrow() => {
@@ -772,6 +780,7 @@ async fn execute<R: Renderer>(
         tracing::warn!("cannot trim the file cache: {e}");
     }
     let frames = frames?;
+    let mut inline = *shared.inline.lock().unwrap();
     let mut outputs = Vec::with_capacity(frames.len());
     let mut stats = Vec::with_capacity(frames.len());
     let mut warnings: Vec<String> = Vec::new();
@@ -789,7 +798,7 @@ async fn execute<R: Renderer>(
         for p in &f.passes {
             stamps::settle(&p.path, f.frame, false).await;
         }
-        let output = upload(&blobs, &f.path, f.frame)
+        let output = upload(&blobs, &f.path, f.frame, &mut inline)
             .await
             .map_err(|e| transfer_failed(format!("cannot upload frame {}: {e}", f.frame)))?;
         outputs.push(pb::FrameOutput {
@@ -797,12 +806,14 @@ async fn execute<R: Renderer>(
             ..output
         });
         for p in f.passes {
-            let output = upload(&blobs, &p.path, f.frame).await.map_err(|e| {
-                transfer_failed(format!(
-                    "cannot upload {} of frame {}: {e}",
-                    p.name, f.frame
-                ))
-            })?;
+            let output = upload(&blobs, &p.path, f.frame, &mut inline)
+                .await
+                .map_err(|e| {
+                    transfer_failed(format!(
+                        "cannot upload {} of frame {}: {e}",
+                        p.name, f.frame
+                    ))
+                })?;
             outputs.push(pb::FrameOutput {
                 ext: crate::passes::extension(&p.name),
                 pass: p.name,
@@ -813,16 +824,62 @@ async fn execute<R: Renderer>(
     Ok((outputs, stats, warnings))
 }
 
-/// Hashes and uploads one file of `frame`; the output lacks its extension and pass.
+/// How many result bytes may still travel inside one Complete: what the
+/// coordinator advertised at registration (nothing for an older one).
+#[derive(Debug, Clone, Copy, Default)]
+struct InlineBudget {
+    /// The largest file sent inline (0: none).
+    file_max: u64,
+    /// Bytes the Complete may still carry inline.
+    left: u64,
+}
+
+impl InlineBudget {
+    /// The most bytes the next file may have to go inline, if any may.
+    fn keep(&self) -> Option<u64> {
+        (self.file_max > 0).then(|| self.file_max.min(self.left))
+    }
+}
+
+/// Hashes one file of `frame` and, unless it fits what `inline` still
+/// allows (then its bytes go in the output, for Complete to carry), uploads
+/// it; the output lacks its extension and pass.
 async fn upload(
     blobs: &pb::blobs_client::BlobsClient<Conn>,
     path: &std::path::Path,
     frame: u32,
+    inline: &mut InlineBudget,
 ) -> Result<pb::FrameOutput, String> {
-    let (digest, size) = transfer::hash_file(path).await.map_err(|e| e.to_string())?;
+    let hashed = transfer::read_small(path, inline.keep())
+        .await
+        .map_err(|e| e.to_string())?;
+    let (digest, size, data) = (hashed.digest, hashed.size, hashed.bytes);
+    if data.is_some() {
+        inline.left -= size;
+    } else {
+        upload_result(blobs, path, &digest, size).await?;
+    }
+    Ok(pb::FrameOutput {
+        frame,
+        digest,
+        ext: String::new(),
+        size,
+        pass: String::new(),
+        data,
+    })
+}
+
+/// Uploads a result file with PutBlob (unless the coordinator has it),
+/// retrying while the coordinator is unreachable.
+async fn upload_result(
+    blobs: &pb::blobs_client::BlobsClient<Conn>,
+    path: &std::path::Path,
+    digest: &str,
+    size: u64,
+) -> Result<(), String> {
     retry("uploading a frame", RESULT_PATIENCE, || {
         let mut blobs = blobs.clone();
-        let (path, digest) = (path.to_path_buf(), digest.clone());
+        let (path, digest) = (path.to_path_buf(), digest.to_string());
         async move {
             transfer::upload_file(&mut blobs, &path, &digest, size)
                 .await
@@ -833,14 +890,8 @@ async fn upload(
         }
     })
     .await
-    .map_err(|s| s.message().to_string())?;
-    Ok(pb::FrameOutput {
-        frame,
-        digest,
-        ext: String::new(),
-        size,
-        pass: String::new(),
-    })
+    .map(drop)
+    .map_err(|s| s.message().to_string())
 }
 
 /// How a worker runs Blender.

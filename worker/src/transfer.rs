@@ -1,6 +1,7 @@
 //! Moving blobs to and from a coordinator: streamed in 1 MiB chunks, hashed
 //! with blake3 on the way. Used by workers (scenes in, frames out) and by the
-//! CLI (scenes out, frames in).
+//! CLI (scenes out, frames in). A small result is read whole instead
+//! ([`read_small`]) and travels inside the worker's Complete call.
 
 use std::path::Path;
 
@@ -15,14 +16,50 @@ const CHUNK: usize = 1 << 20;
 
 /// The blake3 digest (hex) and size of a file.
 pub async fn hash_file(path: &Path) -> Result<(String, u64), Error> {
+    let hashed = read_small(path, None).await?;
+    Ok((hashed.digest, hashed.size))
+}
+
+/// A file hashed, with its bytes when it was small enough to keep.
+#[derive(Debug)]
+pub struct Hashed {
+    /// Its blake3 digest (hex).
+    pub digest: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its bytes, when it holds at most the bytes asked to keep.
+    pub bytes: Option<Vec<u8>>,
+}
+
+/// Hashes `path`, keeping its bytes when it holds at most `keep` bytes (a
+/// result small enough to send inside Complete). The file is read once:
+/// the bytes kept are the bytes hashed, even if it changes meanwhile.
+pub async fn read_small(path: &Path, keep: Option<u64>) -> Result<Hashed, Error> {
+    use std::io::Read;
     let path = path.to_path_buf();
     tokio::task::spawn_blocking(move || {
+        let cannot_read = |e| Error::io(format!("cannot read {}", path.display()), e);
         let mut hasher = blake3::Hasher::new();
         let file = std::fs::File::open(&path)
             .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
-        let size = std::io::copy(&mut std::io::BufReader::new(file), &mut hasher)
-            .map_err(|e| Error::io(format!("cannot read {}", path.display()), e))?;
-        Ok((hasher.finalize().to_hex().to_string(), size))
+        let mut reader = std::io::BufReader::new(file);
+        let mut head = Vec::new();
+        if let Some(keep) = keep {
+            // One byte past the limit tells a file too large to keep.
+            (&mut reader)
+                .take(keep.saturating_add(1))
+                .read_to_end(&mut head)
+                .map_err(cannot_read)?;
+            hasher.update(&head);
+        }
+        let rest = std::io::copy(&mut reader, &mut hasher).map_err(cannot_read)?;
+        let size = head.len() as u64 + rest;
+        let small = keep.is_some_and(|keep| size <= keep);
+        Ok(Hashed {
+            digest: hasher.finalize().to_hex().to_string(),
+            size,
+            bytes: small.then_some(head),
+        })
     })
     .await
     .expect("hashing task")
@@ -174,4 +211,33 @@ pub async fn download_file(
 /// Whether a write failed because the disk is full.
 fn full(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::StorageFull || e.raw_os_error() == Some(libc::ENOSPC)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn read_small_keeps_the_bytes_of_a_file_within_the_limit_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, len: usize| {
+            let path = dir.path().join(name);
+            let bytes: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            std::fs::write(&path, &bytes).unwrap();
+            (path, blake3::hash(&bytes).to_hex().to_string(), bytes)
+        };
+        for (len, keep, kept) in [
+            (0, Some(0), true),
+            (10, Some(10), true),
+            (11, Some(10), false),
+            (3 << 20, Some(1 << 20), false),
+            (10, None, false),
+        ] {
+            let (path, digest, bytes) = file(&format!("f{len}-{keep:?}"), len);
+            let h = read_small(&path, keep).await.unwrap();
+            assert_eq!((h.digest.as_str(), h.size), (digest.as_str(), len as u64));
+            assert_eq!(h.bytes, kept.then_some(bytes), "{len} bytes, keep {keep:?}");
+            assert_eq!(hash_file(&path).await.unwrap(), (digest, len as u64));
+        }
+    }
 }

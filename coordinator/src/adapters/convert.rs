@@ -109,6 +109,7 @@ impl From<&FrameOutput> for pb::FrameOutput {
             ext: o.ext.clone(),
             size: o.size,
             pass: o.pass.clone(),
+            data: None,
         }
     }
 }

@@ -18,6 +18,10 @@ use crate::model::job::JobId;
 use crate::model::task::{FrameOutput, LeaseId};
 use crate::model::worker::WorkerId;
 
+mod inline;
+
+pub use inline::{INLINE_COMPLETE_MAX, INLINE_RESULT_MAX};
+
 /// Size of the chunks blobs are streamed in.
 pub const CHUNK: usize = 1 << 20;
 
@@ -487,6 +491,8 @@ impl pb::work_server::Work for WorkService {
         Ok(Response::new(pb::RegisterResponse {
             worker_id: id.0,
             lease_ttl_ms: ttl.min(u64::from(u32::MAX)) as u32,
+            inline_result_max: INLINE_RESULT_MAX,
+            inline_complete_max: INLINE_COMPLETE_MAX,
         }))
     }
 
@@ -540,14 +546,25 @@ impl pb::work_server::Work for WorkService {
         req: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::CompleteResponse>, Status> {
         let who = who(&req)?;
-        let req = req.into_inner();
+        let mut req = req.into_inner();
+        let inline = inline::take(&mut req.outputs)?;
         let outputs = req
             .outputs
             .into_iter()
             .map(FrameOutput::try_from)
             .collect::<Result<Vec<_>, _>>()?;
         let lease = lease(&req.lease_id)?;
-        self.farm.check_complete(&who, lease, &outputs)?;
+        // Bytes sent inline prove their sender holds them; every other
+        // output must be a blob this token uploaded. Checked before any
+        // byte is stored: only a lease's holder writes blobs through here.
+        let carried = inline::digests(&inline);
+        let uploaded: Vec<FrameOutput> = outputs
+            .iter()
+            .filter(|o| !carried.contains(&o.digest))
+            .cloned()
+            .collect();
+        self.farm.check_complete(&who, lease, &uploaded)?;
+        inline::store(&self.farm, inline).await?;
         // Completing the last tile of a frame stitches it: disk and CPU work.
         // In memory under the lock, then wait for the store without holding
         // a thread; only a stitch (disk and CPU work) goes to one.

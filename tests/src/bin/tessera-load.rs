@@ -116,6 +116,10 @@ struct RunArgs {
     /// Seconds adding users, the scene upload and registering every worker may take.
     #[arg(long, default_value_t = 120.0)]
     setup_timeout: f64,
+    /// Upload every result with PutBlob before its Complete, even where the
+    /// coordinator accepts small results inside Complete (the default then).
+    #[arg(long)]
+    no_inline: bool,
 }
 
 #[derive(Args, Debug)]
@@ -181,6 +185,7 @@ async fn run_cmd(a: RunArgs) -> Result<(), LoadError> {
         status_pause: Duration::from_millis(a.status_pause_ms),
         submit_timeout: secs(a.coord.submit_timeout, "--submit-timeout")?,
         setup_timeout: secs(a.setup_timeout, "--setup-timeout")?,
+        put_blob: a.no_inline,
         ..RunConfig::default()
     };
     // Started here, or already running.

@@ -1,7 +1,9 @@
 //! Fake workers: real `Work` and `Blobs` calls, no Blender. Each
 //! [`FakeWorker`] has its own HTTP/2 connection; each of its slots loops:
 //! Lease (long-poll), "render" for a fixed time while sending Progress every
-//! second, upload a small result unique to the lease, Complete.
+//! second, then Complete with a small result unique to the lease: carried
+//! inside the Complete call when the coordinator accepts results inline,
+//! else uploaded with PutBlob first (always, with `FleetConfig::put_blob`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -31,6 +33,9 @@ pub struct FleetConfig {
     pub scene: String,
     /// Size of each result blob in bytes.
     pub result_bytes: usize,
+    /// Upload every result with PutBlob, even where the coordinator
+    /// accepts it inline in Complete (to measure both ways).
+    pub put_blob: bool,
 }
 
 /// A Complete the coordinator acknowledged.
@@ -62,6 +67,8 @@ pub struct Recorder {
     pub progress: Timings,
     /// Result uploads.
     pub put_blob: Timings,
+    /// Results sent inside their Complete call instead of uploaded.
+    pub inline_results: AtomicU64,
     /// Leases the workers were told they had lost (Progress said stop, or
     /// Complete was refused as lost).
     pub lost: AtomicU64,
@@ -120,6 +127,8 @@ impl Recorder {
 pub struct FakeWorker {
     /// Its id, as the coordinator gave it.
     pub id: String,
+    /// The largest result the coordinator accepts inline (0: none).
+    pub inline_max: u64,
     work: pb::work_client::WorkClient<Conn>,
     blobs: pb::blobs_client::BlobsClient<Conn>,
 }
@@ -152,14 +161,17 @@ impl FakeWorker {
                 .collect(),
             ..Default::default()
         };
-        let id = work
+        let registered = work
             .register(info)
             .await
             .map_err(|s| LoadError::rpc(format!("registering worker {name}"), s))?
-            .into_inner()
-            .worker_id;
+            .into_inner();
         Ok(Self {
-            id,
+            id: registered.worker_id,
+            // One frame per task: a Complete carries one result.
+            inline_max: registered
+                .inline_result_max
+                .min(registered.inline_complete_max),
             work,
             blobs: blobs(conn),
         })
@@ -279,8 +291,9 @@ impl FakeWorker {
         }
     }
 
-    /// Uploads a small "frame" whose bytes name the lease, so every result
-    /// is a blob of its own.
+    /// A small "frame" whose bytes name the lease, so every result is a
+    /// blob of its own: inline when the coordinator accepts it (and the
+    /// fleet does not force PutBlob), else uploaded with PutBlob.
     async fn upload_result(
         &self,
         task: &pb::TaskAssignment,
@@ -296,23 +309,31 @@ impl FakeWorker {
         bytes.resize(cfg.result_bytes.max(bytes.len()), b'.');
         let digest = blake3::hash(&bytes).to_hex().to_string();
         let size = bytes.len() as u64;
-        let chunk = pb::BlobChunk {
-            digest: digest.clone(),
-            size,
-            data: bytes,
+        let inline = !cfg.put_blob && size <= self.inline_max;
+        let data = if inline {
+            rec.inline_results.fetch_add(1, Ordering::Relaxed);
+            Some(bytes)
+        } else {
+            let chunk = pb::BlobChunk {
+                digest: digest.clone(),
+                size,
+                data: bytes,
+            };
+            let start = Instant::now();
+            self.blobs
+                .clone()
+                .put_blob(tokio_stream::iter([chunk]))
+                .await?;
+            rec.put_blob.record(start);
+            None
         };
-        let start = Instant::now();
-        self.blobs
-            .clone()
-            .put_blob(tokio_stream::iter([chunk]))
-            .await?;
-        rec.put_blob.record(start);
         Ok(pb::FrameOutput {
             frame,
             digest,
             ext: "png".into(),
             size,
             pass: String::new(),
+            data,
         })
     }
 }

@@ -42,8 +42,10 @@ pub struct Report {
     pub complete_p50_ms: Option<f64>,
     /// Complete latency (acknowledged calls).
     pub complete_p99_ms: Option<f64>,
-    /// Result upload latency.
+    /// Result upload latency (none when every result went inline).
     pub put_blob_p99_ms: Option<f64>,
+    /// Results sent inside their Complete call (whole run), not uploaded.
+    pub inline_results: Option<u64>,
     /// Progress latency.
     pub progress_p99_ms: Option<f64>,
     /// `GetJob` with the first 1,000 tasks (`tessera status`).

@@ -61,6 +61,9 @@ pub struct RunConfig {
     pub call_timeout: Duration,
     /// Size of each result blob.
     pub result_bytes: usize,
+    /// Upload every result with PutBlob, even where the coordinator
+    /// accepts it inline in Complete.
+    pub put_blob: bool,
 }
 
 impl Default for RunConfig {
@@ -80,6 +83,7 @@ impl Default for RunConfig {
             setup_timeout: Duration::from_secs(120),
             call_timeout: Duration::from_secs(30),
             result_bytes: 256,
+            put_blob: false,
         }
     }
 }
@@ -169,6 +173,7 @@ async fn measure(
         lease_wait: cfg.lease_wait,
         scene: digest,
         result_bytes: cfg.result_bytes,
+        put_blob: cfg.put_blob,
     };
     let fleet = Fleet::start(&target.url, &tokens, fleet_cfg, setup).await?;
     report.register_s = Some(fleet.registered_in.as_secs_f64());
@@ -207,6 +212,10 @@ async fn measure(
     report.complete_p50_ms = complete.percentile_ms(50.0);
     report.complete_p99_ms = complete.percentile_ms(99.0);
     report.put_blob_p99_ms = rec.put_blob.window(w0, w1).percentile_ms(99.0);
+    report.inline_results = Some(
+        rec.inline_results
+            .load(std::sync::atomic::Ordering::Relaxed),
+    );
     report.progress_p99_ms = rec.progress.window(w0, w1).percentile_ms(99.0);
     let status = seen.status.window(w0, w1);
     report.status_p50_ms = status.percentile_ms(50.0);
@@ -306,6 +315,7 @@ async fn recover(cfg: &RecoveryConfig, scene: Vec<u8>, r: &mut Recovery) -> Resu
         lease_wait: Duration::from_secs(1),
         scene: digest.clone(),
         result_bytes: 256,
+        put_blob: false,
     };
     let fleet = Fleet::start(&target.url, &tokens, fleet_cfg, setup).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;

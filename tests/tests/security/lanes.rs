@@ -156,6 +156,7 @@ pub fn lanes(
             ext: "png".into(),
             size: 1,
             pass: String::new(),
+            data: None,
         };
         refused(
             work.complete(authed(

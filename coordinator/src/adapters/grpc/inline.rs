@@ -1,0 +1,194 @@
+//! Results carried inside Complete: a worker sends a small result file's
+//! bytes in `FrameOutput.data` instead of uploading it with PutBlob first,
+//! which saves a round trip per frame. The bytes are checked against the
+//! digest and size the output claims and stored through the blob store
+//! before the result is recorded, so the rest of Complete finds them as it
+//! finds uploaded blobs; they become durable in the result's group commit.
+
+use std::sync::Arc;
+
+use tessera_proto as pb;
+use tonic::Status;
+
+use crate::digest::Digest;
+use crate::error::Error;
+use crate::farm::Farm;
+
+/// The largest result file accepted inline, in bytes (advertised in
+/// `RegisterResponse.inline_result_max`). Small frames (tiles, previews,
+/// test renders) save their PutBlob round trip; a larger file streams with
+/// PutBlob, where it is never held whole in memory.
+pub const INLINE_RESULT_MAX: u64 = 256 << 10;
+
+/// The most inline bytes one Complete may carry, all its outputs together
+/// (`RegisterResponse.inline_complete_max`). The Work service accepts
+/// messages this much larger than `--max-message-mib`.
+pub const INLINE_COMPLETE_MAX: u64 = 2 << 20;
+
+/// One output's inline bytes, taken out of the request.
+#[derive(Debug)]
+pub struct Inline {
+    /// What the error messages call it: `frame 7`, or `frame 7 (pass X)`.
+    what: String,
+    /// The digest the output claims.
+    digest: Digest,
+    bytes: Vec<u8>,
+}
+
+impl Inline {
+    /// Whether the bytes are the ones the output claims.
+    fn verify(&self) -> Result<(), Error> {
+        let got = Digest::of(&self.bytes);
+        if got == self.digest {
+            Ok(())
+        } else {
+            Err(Error::invalid(format!(
+                "{}: the bytes sent inline hash to {got}, not to the claimed digest {}; report the blake3 digest of the bytes sent",
+                self.what, self.digest
+            )))
+        }
+    }
+}
+
+/// Takes the inline bytes out of `outputs` (leaving them as outputs naming
+/// blobs), refusing any over [`INLINE_RESULT_MAX`], all of them over
+/// [`INLINE_COMPLETE_MAX`], or bytes whose length is not the claimed size.
+/// Their digests are checked by [`store`], off the runtime.
+pub fn take(outputs: &mut [pb::FrameOutput]) -> Result<Vec<Inline>, Error> {
+    let mut inline = Vec::new();
+    let mut total = 0u64;
+    for o in outputs.iter_mut() {
+        let Some(bytes) = o.data.take() else {
+            continue;
+        };
+        let what = match o.pass.as_str() {
+            "" => format!("frame {}", o.frame),
+            pass => format!("frame {} (pass {pass})", o.frame),
+        };
+        let len = bytes.len() as u64;
+        if len > INLINE_RESULT_MAX {
+            return Err(Error::invalid(format!(
+                "{what}: {len} bytes sent inline, more than the {INLINE_RESULT_MAX} this coordinator accepts inline; upload the file with PutBlob and report its digest without data"
+            )));
+        }
+        if len != o.size {
+            return Err(Error::invalid(format!(
+                "{what}: {len} bytes sent inline, but the output claims size {}; report the size of the bytes sent",
+                o.size
+            )));
+        }
+        total += len;
+        if total > INLINE_COMPLETE_MAX {
+            return Err(Error::invalid(format!(
+                "the result carries more than {INLINE_COMPLETE_MAX} bytes inline, the most one Complete may; upload the larger files with PutBlob"
+            )));
+        }
+        let digest = crate::adapters::convert::digest("digest", &o.digest)?;
+        inline.push(Inline {
+            what,
+            digest,
+            bytes,
+        });
+    }
+    Ok(inline)
+}
+
+/// The digests of `inline`, whose bytes prove their sender holds them.
+pub fn digests(inline: &[Inline]) -> Vec<Digest> {
+    inline.iter().map(|i| i.digest).collect()
+}
+
+/// Checks every inline result's bytes against its digest, then stores them
+/// all through the farm's blob store (off the runtime, without the farm's
+/// lock); nothing is stored when any is refused. Call it once the caller
+/// may report the result.
+pub async fn store(farm: &Arc<Farm>, inline: Vec<Inline>) -> Result<(), Status> {
+    if inline.is_empty() {
+        return Ok(());
+    }
+    super::blocking(farm, move |f| {
+        for i in &inline {
+            i.verify()?;
+        }
+        // A result naming them follows at once: keep them from the
+        // collector, and wait out a pass deleting one of them, as PutBlob
+        // does.
+        f.touch_blobs_blocking(&digests(&inline));
+        for i in &inline {
+            f.blobs().put(i.digest, &i.bytes)?;
+            tracing::debug!(digest = %i.digest, size = i.bytes.len(), "{} stored inline", i.what);
+        }
+        Ok(())
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn output(frame: u32, bytes: &[u8]) -> pb::FrameOutput {
+        pb::FrameOutput {
+            frame,
+            digest: Digest::of(bytes).to_hex(),
+            ext: "png".into(),
+            size: bytes.len() as u64,
+            pass: String::new(),
+            data: Some(bytes.to_vec()),
+        }
+    }
+
+    #[test]
+    fn take_leaves_outputs_naming_blobs() {
+        let mut outputs = vec![
+            output(1, b"one"),
+            output(2, b""),
+            pb::FrameOutput {
+                data: None,
+                ..output(3, b"uploaded")
+            },
+        ];
+        let inline = take(&mut outputs).unwrap();
+        assert!(outputs.iter().all(|o| o.data.is_none()));
+        assert_eq!(
+            digests(&inline),
+            vec![Digest::of(b"one"), Digest::of(b"")],
+            "an empty file travels inline too; an uploaded one does not"
+        );
+        assert!(inline.iter().all(|i| i.verify().is_ok()));
+    }
+
+    #[test]
+    fn take_refuses_what_the_limits_or_the_size_do_not_allow() {
+        let big = vec![7u8; INLINE_RESULT_MAX as usize + 1];
+        let e = take(&mut [output(4, &big)]).unwrap_err().to_string();
+        assert!(e.contains("frame 4") && e.contains("PutBlob"), "{e}");
+
+        let most = vec![7u8; INLINE_RESULT_MAX as usize];
+        let n = (INLINE_COMPLETE_MAX / INLINE_RESULT_MAX) as u32;
+        let mut fit: Vec<_> = (0..n).map(|f| output(f, &most)).collect();
+        assert_eq!(take(&mut fit).unwrap().len(), n as usize);
+        let mut over: Vec<_> = (0..=n).map(|f| output(f, &most)).collect();
+        let e = take(&mut over).unwrap_err().to_string();
+        assert!(e.contains("one Complete"), "{e}");
+
+        let mut short = output(5, b"abc");
+        short.size = 4;
+        let e = take(&mut [short]).unwrap_err().to_string();
+        assert!(e.contains("frame 5") && e.contains("size 4"), "{e}");
+    }
+
+    #[test]
+    fn bytes_that_do_not_hash_to_the_digest_are_refused() {
+        let mut wrong = output(6, b"abc");
+        wrong.pass = "Image0006.png".into();
+        wrong.digest = Digest::of(b"abd").to_hex();
+        let inline = take(&mut [wrong]).unwrap();
+        let e = inline[0].verify().unwrap_err();
+        assert!(matches!(e, Error::Invalid(_)));
+        assert!(
+            e.to_string().contains("frame 6 (pass Image0006.png)"),
+            "{e}"
+        );
+    }
+}
