@@ -65,12 +65,6 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 
 if [ "$STORE" = postgres ]; then BASELINE=HEAD; fi
-rev="$(git rev-parse --verify -q "$BASELINE^{commit}")" || {
-  echo "error: BASELINE=$BASELINE is not a commit of this repository; give a commit, tag or branch" >&2
-  exit 1
-}
-short="${rev:0:12}"
-
 echo "== building this tree ($PROFILE)" >&2
 cargo build -q --profile "$PROFILE" -p tessera-cli --bin tessera -p tessera-tests --bin tessera-load
 new_bin="$PWD/target/$dir/tessera"
@@ -82,20 +76,8 @@ if [ "$STORE" = postgres ]; then
 else
 # The baseline: the revision's files (git archive, so no worktree is
 # registered) built into a target directory of its own, kept between runs.
-base_root="$PWD/target/bench-baseline/$short"
-if [ ! -f "$base_root/src/Cargo.toml" ]; then
-  rm -rf "$base_root/src"; mkdir -p "$base_root/src"
-  git archive "$rev" | tar -x -C "$base_root/src"
-fi
-if [ "$PROFILE" = release ] && [ ! -d "$base_root/target/release" ] && [ -d target/release/deps ]; then
-  # Seeded with this tree's release dependencies: only the workspace crates rebuild.
-  mkdir -p "$base_root/target"
-  cp -r target/release "$base_root/target/release"
-  rm -rf "$base_root/target/release/incremental"
-fi
-echo "== building the baseline $BASELINE ($short, $PROFILE)" >&2
-(cd "$base_root/src" && cargo build -q --profile "$PROFILE" -p tessera-cli --bin tessera --target-dir "$base_root/target")
-base_bin="$base_root/target/$dir/tessera"
+build_baseline "$BASELINE" "$PROFILE"
+base_bin="$BASELINE_BIN"; short="$BASELINE_SHORT"
 fi
 
 # --store postgres: one durable server for the whole sweep; each run of the

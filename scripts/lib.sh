@@ -149,3 +149,32 @@ ensure_postgres() {
   echo "warning: PostgreSQL could not be installed; the PostgreSQL store and failover tests will be skipped" >&2
   return 1
 }
+
+# Builds the tessera binary of commit REV (git archive into
+# target/bench-baseline/SHORT/src, its own target directory there, seeded
+# with this tree's release dependencies) and sets BASELINE_BIN to it.
+# Usage: build_baseline REV [release|dev]
+build_baseline() {
+  local rev short base_root profile="${2:-release}" dir
+  rev="$(git rev-parse --verify -q "$1^{commit}")" || {
+    echo "error: BASELINE=$1 is not a commit of this repository; give a commit, tag or branch" >&2
+    return 1
+  }
+  short="${rev:0:12}"
+  base_root="$PWD/target/bench-baseline/$short"
+  if [ ! -f "$base_root/src/Cargo.toml" ]; then
+    rm -rf "$base_root/src"; mkdir -p "$base_root/src"
+    git archive "$rev" | tar -x -C "$base_root/src"
+  fi
+  if [ "$profile" = release ] && [ ! -d "$base_root/target/release" ] && [ -d target/release/deps ]; then
+    # Seeded with this tree's release dependencies: only the workspace crates rebuild.
+    mkdir -p "$base_root/target"
+    cp -r target/release "$base_root/target/release"
+    rm -rf "$base_root/target/release/incremental"
+  fi
+  echo "== building the baseline $1 ($short, $profile)" >&2
+  (cd "$base_root/src" && cargo build -q --profile "$profile" -p tessera-cli --bin tessera --target-dir "$base_root/target")
+  dir=release; [ "$profile" = dev ] && dir=debug
+  BASELINE_BIN="$base_root/target/$dir/tessera"
+  BASELINE_SHORT="$short"
+}
