@@ -3,7 +3,9 @@
 #   whole  one slot renders the whole frame         (tessera render --workers 1 --tiles 1x1)
 #   tiles  two slots render 2x2 tiles, then stitch  (tessera render --workers 2 --tiles 2x2)
 # Prints both wall times and the speed-up. Both go through the same farm code,
-# so the difference is the tiling alone (including overscan and stitching).
+# so the difference is the tiling alone (including overscan and stitching),
+# then each run's phases (scripts/phases.py): set-up, Blender's start and
+# scene load, renders, results, stitch, shutdown, and each slot's idle time.
 # Usage: scripts/bench-tiles.sh [WIDTH HEIGHT SAMPLES]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,8 +21,10 @@ blender -b --factory-startup --python-exit-code 2 --python tests/blender/make_sc
   --out "$work/scene.blend" --kind still --width "$w" --height "$h" --samples "$s" --frames 1 >/dev/null 2>&1
 
 now() { date +%s.%N; }
-t0=$(now); "$tessera" render "$work/scene.blend" --frames 1 --workers 1 --threads 1 -o "$work/whole" >/dev/null 2>&1; t1=$(now)
-"$tessera" render "$work/scene.blend" --frames 1 --workers 2 --threads 1 --tiles 2x2 -o "$work/tiles" >/dev/null 2>&1; t2=$(now)
+# Logged as JSON at info level: scripts/phases.py says where each run's time went.
+export RUST_LOG=info
+t0=$(now); "$tessera" --log-format json render "$work/scene.blend" --frames 1 --workers 1 --threads 1 -o "$work/whole" >/dev/null 2>"$work/whole.log"; t1=$(now)
+"$tessera" --log-format json render "$work/scene.blend" --frames 1 --workers 2 --threads 1 --tiles 2x2 -o "$work/tiles" >/dev/null 2>"$work/tiles.log"; t2=$(now)
 
 python3 - "$w" "$h" "$s" "$t0" "$t1" "$t2" <<'PY'
 import sys
@@ -32,3 +36,7 @@ print(f"{'1 slot, whole frame':<30}{whole:8.2f} s")
 print(f"{'2 slots, 2x2 tiles + stitch':<30}{tiles:8.2f} s")
 print(f"speed-up: {whole / tiles:.2f}x")
 PY
+echo "where the time went, 1 slot, whole frame:"
+python3 scripts/phases.py "$work/whole.log" "$(python3 -c "print($t1 - $t0)")"
+echo "where the time went, 2 slots, 2x2 tiles:"
+python3 scripts/phases.py "$work/tiles.log" "$(python3 -c "print($t2 - $t1)")"
