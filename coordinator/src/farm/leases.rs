@@ -22,7 +22,7 @@ impl Farm {
         slot: u32,
     ) -> Result<Option<Assignment>, Error> {
         let started = std::time::Instant::now();
-        let leased = self.lease_locked(&mut self.lock(), worker, cached, warm, slot)?;
+        let leased = self.lease_locked(&mut self.lock(), worker, cached, warm, slot, false)?;
         match leased {
             Some((a, ticket)) => {
                 ticket.wait()?;
@@ -33,7 +33,78 @@ impl Farm {
         }
     }
 
-    /// Leases the best task for a slot under the lock; the assignment holds
+    /// Leases a task ahead for a slot of `worker` that is still rendering,
+    /// so that it starts the task as soon as its render ends: at once, never
+    /// parked, and only when [`Farm::spare`] says no idle slot is denied it.
+    /// A slot holds at most one task ahead. Answers no ended jobs: the
+    /// slot's next plain lease call brings them.
+    pub async fn lease_ahead(
+        &self,
+        worker: &WorkerId,
+        cached: &HashSet<Digest>,
+        warm: Option<JobId>,
+        slot: u32,
+    ) -> Result<LeaseOutcome, Error> {
+        if let Some(why) = self.stopped() {
+            return Err(Error::NotActive(format!(
+                "this coordinator stepped down: {why}; use the active coordinator"
+            )));
+        }
+        let started = std::time::Instant::now();
+        let leased = self.lease_locked(&mut self.lock(), worker, cached, warm, slot, true)?;
+        let task = match leased {
+            Some((assignment, ticket)) => {
+                ticket.stored().await?;
+                self.lease_served(started);
+                Some(assignment)
+            }
+            None => None,
+        };
+        Ok(LeaseOutcome {
+            task,
+            ended: Vec::new(),
+        })
+    }
+
+    /// Whether job `id`'s next ready task may go ahead to `slot` of `worker`,
+    /// which is busy rendering: no parked lease call (an idle slot) could
+    /// take it, the slot holds no other task ahead, and after the grant the
+    /// job keeps a ready task for every other slot now rendering it. The
+    /// last tasks of a job so go to whichever slot frees first, as without
+    /// leasing ahead, instead of queueing behind one slot's render.
+    fn spare(st: &State, id: JobId, worker: &WorkerId, slot: u32) -> bool {
+        let (Some(job), Some(index)) = (st.jobs.get(&id), st.schedule.job(id)) else {
+            return false;
+        };
+        if st.schedule.waiting_for(job, &st.workers) {
+            return false;
+        }
+        let slot_of = |j: JobId, t: u32| match st.tasks.get(&j).and_then(|l| l.get(t as usize)) {
+            Some(Task {
+                state: TaskState::Leased { worker, slot, .. },
+                ..
+            }) => Some((worker, *slot)),
+            _ => None,
+        };
+        let mine = st.schedule.held_by(worker).map_or(0, |held| {
+            held.iter()
+                .filter(|&&(j, t)| slot_of(j, t).is_some_and(|(_, s)| s == slot))
+                .count()
+        });
+        if mine > 1 {
+            return false;
+        }
+        let others: HashSet<(&WorkerId, u32)> = index
+            .leased()
+            .iter()
+            .filter_map(|&t| slot_of(id, t))
+            .filter(|&(w, s)| !(w == worker && s == slot))
+            .collect();
+        index.ready().len() > others.len()
+    }
+
+    /// Leases the best task for a slot under the lock (`ahead`: for a slot
+    /// still rendering, see [`Farm::lease_ahead`]); the assignment holds
     /// once the ticket says the lease is stored.
     fn lease_locked(
         &self,
@@ -42,6 +113,7 @@ impl Farm {
         cached: &HashSet<Digest>,
         warm: Option<JobId>,
         slot: u32,
+        ahead: bool,
     ) -> Result<Option<(Assignment, Ticket)>, Error> {
         let now = self.clock.now_ms();
         Self::touch(st, worker, now)?;
@@ -70,6 +142,9 @@ impl Farm {
         ) else {
             return Ok(None);
         };
+        if ahead && !Self::spare(st, job_id, worker, slot) {
+            return Ok(None);
+        }
         let mut task = st.tasks[&job_id][index as usize].clone();
         let mut job = st.jobs[&job_id].clone();
         let lease = task.lease(worker, now, self.config.lease_ttl_ms)?;
@@ -79,7 +154,7 @@ impl Farm {
         job.start()?;
         // One line a task, with the fields a worker's log of it has too
         // (job, task, lease), so `--log-format json` logs join on them.
-        tracing::info!(job = %lease.job, task = lease.task, lease = %lease, worker = %worker, frames = ?task.frames, "task leased");
+        tracing::info!(job = %lease.job, task = lease.task, lease = %lease, worker = %worker, frames = ?task.frames, ahead, "task leased");
         self.count_stat(|s| s.leases_granted += 1);
         let assignment = Assignment {
             lease,
@@ -134,7 +209,7 @@ impl Farm {
                     .filter(|j| st.jobs.get(j).is_none_or(|job| job.state.is_final()))
                     .into_iter()
                     .collect();
-                let leased = self.lease_locked(&mut st, worker, cached, warm, slot)?;
+                let leased = self.lease_locked(&mut st, worker, cached, warm, slot, false)?;
                 let key = if leased.is_none() && ended.is_empty() {
                     Some(st.schedule.park(schedule::Waiter {
                         worker: worker.clone(),
@@ -278,6 +353,26 @@ impl Farm {
         frames_done: u32,
         samples: (u32, u32),
     ) -> Result<bool, Error> {
+        self.renew(lease, frames_done, samples, false)
+    }
+
+    /// Renews a lease taken ahead whose task waits for its slot's render to
+    /// end (see [`Farm::lease_ahead`]). The attempt's slot-time restarts
+    /// from now, so that an attempt counts from the last such renewal, when
+    /// its slot was about to start it, not from the grant. (Kept in memory
+    /// like every renewal: after a restart, an attempt counts from its grant.)
+    pub fn renew_waiting(&self, lease: LeaseId) -> Result<bool, Error> {
+        self.renew(lease, 0, (0, 0), true)
+    }
+
+    /// [`Farm::progress`], or [`Farm::renew_waiting`] when `waiting`.
+    fn renew(
+        &self,
+        lease: LeaseId,
+        frames_done: u32,
+        samples: (u32, u32),
+        waiting: bool,
+    ) -> Result<bool, Error> {
         let now = self.clock.now_ms();
         let mut st = self.lock();
         let ttl = self.config.lease_ttl_ms;
@@ -294,6 +389,9 @@ impl Farm {
         let held = task.renew(lease.grant, frames_done, now, ttl).is_ok();
         if held {
             (task.samples_done, task.samples_total) = samples;
+            if let (true, TaskState::Leased { since_ms, .. }) = (waiting, &mut task.state) {
+                *since_ms = now;
+            }
         }
         Ok(held)
     }

@@ -272,11 +272,7 @@ impl Schedule {
             if n == 0 {
                 break;
             }
-            let fits = workers.get(&w.worker).is_some_and(|r| {
-                job.requirements.runtime_for(&r.runtimes).is_some()
-                    && job.requirements.satisfied_by(&r.slot_cap(w.slot), &r.tags)
-            });
-            if fits {
+            if fits(job, workers, w) {
                 w.notify.notify_one();
                 woken.push(*key);
                 n -= 1;
@@ -285,6 +281,16 @@ impl Schedule {
         for k in woken {
             self.waiters.remove(&k);
         }
+    }
+
+    /// Whether a parked lease call (an idle slot) could render `job`, by
+    /// the same test [`Schedule::wake`] wakes it with.
+    pub(super) fn waiting_for(
+        &self,
+        job: &Job,
+        workers: &BTreeMap<WorkerId, WorkerRecord>,
+    ) -> bool {
+        self.waiters.values().any(|w| fits(job, workers, w))
     }
 
     /// Wakes the parked lease calls of slots that hold job `id` warm, so
@@ -308,4 +314,12 @@ impl Schedule {
         }
         self.waiters.clear();
     }
+}
+
+/// Whether the slot of parked call `w` can render `job`.
+fn fits(job: &Job, workers: &BTreeMap<WorkerId, WorkerRecord>, w: &Waiter) -> bool {
+    workers.get(&w.worker).is_some_and(|r| {
+        job.requirements.runtime_for(&r.runtimes).is_some()
+            && job.requirements.satisfied_by(&r.slot_cap(w.slot), &r.tags)
+    })
 }
