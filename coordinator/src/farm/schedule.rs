@@ -18,7 +18,19 @@ pub(super) struct Waiter {
     pub(super) worker: WorkerId,
     pub(super) slot: u32,
     pub(super) warm: Option<JobId>,
+    /// Shared with the parked call: the call is alive while it holds its
+    /// clone (a call whose client went away drops it).
     pub(super) notify: Arc<Notify>,
+    /// Woken for a ready task and about to try again: still idle, so still
+    /// counted by [`Schedule::waiting`], until the call unparks itself.
+    pub(super) woken: bool,
+}
+
+impl Waiter {
+    /// Whether the parked call still waits (its future was not dropped).
+    fn alive(&self) -> bool {
+        Arc::strong_count(&self.notify) > 1
+    }
 }
 
 /// One job's indexes.
@@ -150,7 +162,7 @@ impl Schedule {
     /// How many lease calls are parked.
     #[cfg(test)]
     pub(super) fn parked(&self) -> usize {
-        self.waiters.len()
+        self.waiters.values().filter(|w| !w.woken).count()
     }
 
     /// Forgets a parked call (it was woken or gave up).
@@ -260,37 +272,36 @@ impl Schedule {
         }
     }
 
-    /// Wakes up to `n` parked lease calls whose slot can render `job`.
+    /// Wakes up to `n` parked lease calls whose slot can render `job`. A
+    /// woken call stays listed (as woken) until it unparks itself to try
+    /// again, so that a lease asked ahead does not take the task it was
+    /// woken for; calls whose client went away are dropped.
     pub(super) fn wake(
         &mut self,
         job: &Job,
         workers: &BTreeMap<WorkerId, WorkerRecord>,
         mut n: usize,
     ) {
-        let mut woken = Vec::new();
-        for (key, w) in &self.waiters {
+        self.waiters.retain(|_, w| w.alive());
+        for w in self.waiters.values_mut() {
             if n == 0 {
                 break;
             }
-            if fits(job, workers, w) {
+            if !w.woken && fits(job, workers, w) {
                 w.notify.notify_one();
-                woken.push(*key);
+                w.woken = true;
                 n -= 1;
             }
         }
-        for k in woken {
-            self.waiters.remove(&k);
-        }
     }
 
-    /// Whether a parked lease call (an idle slot) could render `job`, by
-    /// the same test [`Schedule::wake`] wakes it with.
-    pub(super) fn waiting_for(
-        &self,
-        job: &Job,
-        workers: &BTreeMap<WorkerId, WorkerRecord>,
-    ) -> bool {
-        self.waiters.values().any(|w| fits(job, workers, w))
+    /// How many parked lease calls (idle slots, woken or not) could render
+    /// `job`, by the same test [`Schedule::wake`] wakes them with.
+    pub(super) fn waiting(&self, job: &Job, workers: &BTreeMap<WorkerId, WorkerRecord>) -> usize {
+        self.waiters
+            .values()
+            .filter(|w| w.alive() && fits(job, workers, w))
+            .count()
     }
 
     /// Wakes the parked lease calls of slots that hold job `id` warm, so

@@ -96,7 +96,7 @@ pub(super) async fn ask<R: Renderer>(
         job = task.job_id,
         task = task.task_index,
         lease = %task.lease_id,
-        "task leased ahead"
+        "next task leased ahead"
     );
     let (decide, decided) = oneshot::channel();
     let ttl = u64::from(shared.ttl_ms.load(Ordering::Relaxed));
@@ -149,15 +149,15 @@ async fn keep(
                             "" => "lease lost or job ended",
                             why => why,
                         };
-                        tracing::warn!(%lease, "dropping the task leased ahead: {why}");
+                        tracing::warn!(%lease, "dropping the task held ahead: {why}");
                         return false;
                     }
                     Ok(_) => {}
                     Err(s) if dropped(&s) => {
-                        tracing::warn!(%lease, "dropping the task leased ahead: {}", s.message());
+                        tracing::warn!(%lease, "dropping the task held ahead: {}", s.message());
                         return false;
                     }
-                    Err(s) => tracing::warn!(%lease, "cannot renew the lease of the task leased ahead: {}", s.message()),
+                    Err(s) => tracing::warn!(%lease, "cannot renew the lease of the task held ahead: {}", s.message()),
                 }
             }
         }
@@ -167,14 +167,18 @@ async fn keep(
         preempted: false,
         reason: String::new(),
     };
-    match retry("releasing a task leased ahead", Duration::from_secs(5), || {
-        let (mut c, r) = (client.clone(), req.clone());
-        async move { c.release(r).await }
-    })
+    match retry(
+        "releasing a task held ahead",
+        Duration::from_secs(5),
+        || {
+            let (mut c, r) = (client.clone(), req.clone());
+            async move { c.release(r).await }
+        },
+    )
     .await
     {
-        Ok(_) => tracing::info!(%lease, "task leased ahead released, not started: {why}"),
-        Err(s) => tracing::warn!(%lease, "cannot release the task leased ahead: {}", s.message()),
+        Ok(_) => tracing::info!(%lease, "task held ahead released, not started: {why}"),
+        Err(s) => tracing::warn!(%lease, "cannot release the task held ahead: {}", s.message()),
     }
     false
 }
