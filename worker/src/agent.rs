@@ -386,9 +386,9 @@ async fn slot_loop<R: Renderer>(
         if let Some(before) = finishing.replace(end.finish) {
             let _ = before.await;
         }
-        next = end.next;
-        if let (Some(why), Some(a)) = (end.stops, next.take()) {
-            a.release(why).await;
+        match (end.stops, end.next) {
+            (Some(why), Some(a)) => a.release(why).await,
+            (_, ahead) => next = ahead,
         }
     }
     if let Some(a) = next {

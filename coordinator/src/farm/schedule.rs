@@ -282,16 +282,21 @@ impl Schedule {
         workers: &BTreeMap<WorkerId, WorkerRecord>,
         mut n: usize,
     ) {
-        self.waiters.retain(|_, w| w.alive());
-        for w in self.waiters.values_mut() {
+        let mut gone = Vec::new();
+        for (key, w) in self.waiters.iter_mut() {
             if n == 0 {
                 break;
             }
-            if !w.woken && fits(job, workers, w) {
+            if !w.alive() {
+                gone.push(*key);
+            } else if !w.woken && fits(job, workers, w) {
                 w.notify.notify_one();
                 w.woken = true;
                 n -= 1;
             }
+        }
+        for k in gone {
+            self.waiters.remove(&k);
         }
     }
 
