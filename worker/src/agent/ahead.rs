@@ -149,12 +149,12 @@ async fn keep(
                             "" => "lease lost or job ended",
                             why => why,
                         };
-                        tracing::warn!(%lease, "dropping the task held ahead: {why}");
+                        tracing::warn!(%lease, "task held ahead dropped: {why}");
                         return false;
                     }
                     Ok(_) => {}
                     Err(s) if dropped(&s) => {
-                        tracing::warn!(%lease, "dropping the task held ahead: {}", s.message());
+                        tracing::warn!(%lease, "task held ahead dropped: {}", s.message());
                         return false;
                     }
                     Err(s) => tracing::warn!(%lease, "cannot renew the lease of the task held ahead: {}", s.message()),
