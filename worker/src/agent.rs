@@ -365,7 +365,7 @@ async fn slot_loop<R: Renderer>(
                 None => continue,
             },
             None => match lease(&shared, &mut client, slot, &mut shutdown, &mut delay).await {
-                Leased::Task(task) => task,
+                Leased::Task(task) => *task,
                 Leased::Nothing => continue,
                 Leased::Stop => break,
             },
@@ -402,7 +402,7 @@ async fn slot_loop<R: Renderer>(
 /// What a plain lease call brought a slot.
 enum Leased {
     /// A task to run.
-    Task(pb::TaskAssignment),
+    Task(Box<pb::TaskAssignment>),
     /// Nothing this time: ask again.
     Nothing,
     /// The worker is shutting down.
@@ -445,7 +445,8 @@ async fn lease<R: Renderer>(
             if !r.ended_jobs.is_empty() {
                 shared.renderer.end_jobs(&r.ended_jobs);
             }
-            r.task.map_or(Leased::Nothing, Leased::Task)
+            r.task
+                .map_or(Leased::Nothing, |t| Leased::Task(Box::new(t)))
         }
         Err(s) if s.code() == Code::NotFound => {
             tracing::warn!("the coordinator does not know this worker; registering again");
