@@ -1,5 +1,7 @@
 //! The worker's lease loop: register, then one loop per slot that leases a
 //! task, fetches its scene, renders, uploads the frames and reports the result.
+//! While it renders, a slot leases its next task ahead (see [`ahead`]) and
+//! starts it as soon as the render ends, uploading and reporting meanwhile.
 //!
 //! Every call to the coordinator has a deadline (see [`crate::deadline`]) and
 //! is retried while the coordinator is unreachable or silent (it may be
