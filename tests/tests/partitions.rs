@@ -344,8 +344,9 @@ fn workers_and_a_client_cut_off_from_the_coordinator_resume_when_healed() {
         "the client in the namespace did not submit:\n{}",
         std::fs::read_to_string(&client_log).unwrap_or_default()
     );
+    // Two slots; each may hold a task leased ahead too.
     let before = wait_for(&url, job, LONG, "both workers busy", |j| {
-        j["tasks_running"] == 2
+        j["tasks_running"].as_u64().unwrap() >= 2
     });
     assert_ne!(before["state"], "done");
 

@@ -60,8 +60,9 @@ fn a_worker_is_told_its_job_was_cancelled_and_goes_on_to_other_work() {
     let coord = Coordinator::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
     let mut w = worker(&coord.url, dir.path(), "a");
     let cancelled = submit(&coord.url, &long, &["--frames", "1-6"]);
+    // One slot: the task it renders, and maybe the next one leased ahead.
     wait_for(&coord.url, cancelled, LONG, "a render in flight", |j| {
-        j["tasks_running"] == 1
+        j["tasks_running"].as_u64().unwrap() >= 1
     });
     cli_ok(&coord.url, &["cancel", &cancelled.to_string()]);
     // The renewal (or, when the render ended just then, the result) is
@@ -79,7 +80,9 @@ fn a_worker_is_told_its_job_was_cancelled_and_goes_on_to_other_work() {
         .unwrap()
         .to_string();
     assert!(
-        line.contains("stopping the task:") || line.contains("task dropped:"),
+        line.contains("stopping the task:")
+            || line.contains("task dropped:")
+            || line.contains("task held ahead dropped:"),
         "{line}"
     );
     assert!(!w.log().contains("not granted"), "{}", w.log());
@@ -142,7 +145,7 @@ fn a_worker_whose_coordinator_goes_silent_moves_to_the_new_active_and_its_render
     let mut w = worker_env(&via_proxy, dir.path(), "w", &[], &env);
     let job = submit(&both, &scene, &["--frames", "1-4"]);
     let before = wait_for(&both, job, LONG, "a frame done and one in flight", |j| {
-        j["frames_done"].as_u64().unwrap() >= 1 && j["tasks_running"] == 1
+        j["frames_done"].as_u64().unwrap() >= 1 && j["tasks_running"].as_u64().unwrap() >= 1
     });
     assert_eq!(before["state"], "running", "{before:#}");
     let held = started(&w.log()).last().cloned().expect("a task in flight");

@@ -238,7 +238,7 @@ fn a_worker_killed_mid_tile_loses_nothing() {
     let mut a = worker(&coord.url, dir.path(), "a");
     let job = submit(&coord.url, &scene, &["--frames", "1", "--tiles", "2x2"]);
     wait_for(&coord.url, job, LONG, "a tile to be leased", |j| {
-        j["tasks_running"] == 1
+        j["tasks_running"].as_u64().unwrap() >= 1
     });
     // Mid-tile: the worker has started Blender on it.
     assert!(

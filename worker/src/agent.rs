@@ -1,5 +1,7 @@
 //! The worker's lease loop: register, then one loop per slot that leases a
 //! task, fetches its scene, renders, uploads the frames and reports the result.
+//! While it renders, a slot leases its next task ahead (see [`ahead`]) and
+//! starts it as soon as the render ends, uploading and reporting meanwhile.
 //!
 //! Every call to the coordinator has a deadline (see [`crate::deadline`]) and
 //! is retried while the coordinator is unreachable or silent (it may be
@@ -344,6 +346,19 @@ async fn register<R: Renderer>(
     }
 }
 
+/// One slot's loop: lease a task, render it, upload and report it.
+///
+/// While a render runs, the slot leases its next task ahead (see
+/// [`ahead`]), and it starts that task's render as soon as the current
+/// render ends: the current task's frames are uploaded and its result
+/// reported meanwhile, by a finisher that the slot awaits before it starts
+/// the task after next (so at most one task finishes while one renders,
+/// and a slot never renders two at once). The overlap is safe because a
+/// finished render shares nothing with the next: its frames sit in its
+/// own work folder, its lease is renewed by its own heartbeat until it is
+/// reported, and Blender and the GPU are done with it. A task leased ahead
+/// is released at once when the slot will not run it: the worker shuts
+/// down, the cache has no room, or the slot's GPU turned out unusable.
 async fn slot_loop<R: Renderer>(
     shared: Arc<Shared<R>>,
     slot: u32,
@@ -351,73 +366,135 @@ async fn slot_loop<R: Renderer>(
 ) {
     let mut client = pb::work_client::WorkClient::new(shared.channel.clone());
     let mut delay = Duration::from_millis(200);
+    let mut next: Option<ahead::Ahead> = None;
+    let mut finishing: Option<tokio::task::JoinHandle<()>> = None;
     while !*shutdown.borrow() {
-        // A full cache takes no work it could not hold (the refusal said
-        // why, with its numbers); it looks again every two seconds.
-        if !shared.cache.has_room() {
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_secs(2)) => continue,
-                _ = shutdown.changed() => break,
-            }
+        let task = match next.take() {
+            Some(a) => match a.start().await {
+                Some(task) => task,
+                None => continue,
+            },
+            None => match lease(&shared, &mut client, slot, &mut shutdown, &mut delay).await {
+                Leased::Task(task) => *task,
+                Leased::Nothing => continue,
+                Leased::Stop => break,
+            },
+        };
+        // Every line of the task, Blender's included, carries the fields
+        // the coordinator logs it with.
+        let worker = shared.worker_id.read().await.clone();
+        let span = tracing::info_span!(
+            "task",
+            job = task.job_id,
+            task = task.task_index,
+            lease = %task.lease_id,
+            worker = %worker,
+        );
+        let end = run_task(&shared, task, slot, shutdown.clone())
+            .instrument(span)
+            .await;
+        if let Some(before) = finishing.replace(end.finish) {
+            let _ = before.await;
         }
-        let req = pb::LeaseRequest {
-            worker_id: shared.worker_id.read().await.clone(),
-            slot,
-            cached_scenes: shared.cache.digests(),
-            wait_ms: 15_000,
-            warm_job: shared.renderer.warm_job(slot),
-        };
-        let wait = Duration::from_millis(u64::from(req.wait_ms));
-        let answer = tokio::select! {
-            a = client.lease(crate::deadline::request(req, crate::deadline::lease(wait))) => a,
-            _ = shutdown.changed() => break,
-        };
-        match answer {
-            Ok(r) => {
-                delay = Duration::from_millis(200);
-                let r = r.into_inner();
-                if !r.ended_jobs.is_empty() {
-                    shared.renderer.end_jobs(&r.ended_jobs);
-                }
-                if let Some(task) = r.task {
-                    // Every line of the task, Blender's included, carries
-                    // the fields the coordinator logs it with.
-                    let worker = shared.worker_id.read().await.clone();
-                    let span = tracing::info_span!(
-                        "task",
-                        job = task.job_id,
-                        task = task.task_index,
-                        lease = %task.lease_id,
-                        worker = %worker,
-                    );
-                    run_task(&shared, task, slot, shutdown.clone())
-                        .instrument(span)
-                        .await;
-                }
+        match (end.stops, end.next) {
+            (Some(why), Some(a)) => a.release(why).await,
+            (_, ahead) => next = ahead,
+        }
+    }
+    if let Some(a) = next {
+        a.release("the worker is shutting down").await;
+    }
+    if let Some(f) = finishing {
+        let _ = f.await;
+    }
+}
+
+/// What a plain lease call brought a slot.
+enum Leased {
+    /// A task to run.
+    Task(Box<pb::TaskAssignment>),
+    /// Nothing this time: ask again.
+    Nothing,
+    /// The worker is shutting down.
+    Stop,
+}
+
+/// Leases a task for `slot`, waiting for one up to the long-poll's wait.
+async fn lease<R: Renderer>(
+    shared: &Arc<Shared<R>>,
+    client: &mut pb::work_client::WorkClient<Conn>,
+    slot: u32,
+    shutdown: &mut watch::Receiver<bool>,
+    delay: &mut Duration,
+) -> Leased {
+    // A full cache takes no work it could not hold (the refusal said why,
+    // with its numbers); it looks again every two seconds.
+    if !shared.cache.has_room() {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(2)) => return Leased::Nothing,
+            _ = shutdown.changed() => return Leased::Stop,
+        }
+    }
+    let req = pb::LeaseRequest {
+        worker_id: shared.worker_id.read().await.clone(),
+        slot,
+        cached_scenes: shared.cache.digests(),
+        wait_ms: 15_000,
+        warm_job: shared.renderer.warm_job(slot),
+        ahead: false,
+    };
+    let wait = Duration::from_millis(u64::from(req.wait_ms));
+    let answer = tokio::select! {
+        a = client.lease(crate::deadline::request(req, crate::deadline::lease(wait))) => a,
+        _ = shutdown.changed() => return Leased::Stop,
+    };
+    match answer {
+        Ok(r) => {
+            *delay = Duration::from_millis(200);
+            let r = r.into_inner();
+            if !r.ended_jobs.is_empty() {
+                shared.renderer.end_jobs(&r.ended_jobs);
             }
-            Err(s) if s.code() == Code::NotFound => {
-                tracing::warn!("the coordinator does not know this worker; registering again");
-                if let Err(e) = register(&shared, &shutdown).await {
-                    tracing::error!("cannot register again: {e}");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
+            r.task
+                .map_or(Leased::Nothing, |t| Leased::Task(Box::new(t)))
+        }
+        Err(s) if s.code() == Code::NotFound => {
+            tracing::warn!("the coordinator does not know this worker; registering again");
+            if let Err(e) = register(shared, shutdown).await {
+                tracing::error!("cannot register again: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
             }
-            Err(s) => {
-                tracing::warn!(slot, "lease failed: {}; retrying in {delay:?}", s.message());
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(3));
-            }
+            Leased::Nothing
+        }
+        Err(s) => {
+            tracing::warn!(slot, "lease failed: {}; retrying in {delay:?}", s.message());
+            tokio::time::sleep(*delay).await;
+            *delay = (*delay * 2).min(Duration::from_secs(3));
+            Leased::Nothing
         }
     }
 }
 
-/// Runs one task to its end, whatever happens; never panics the slot.
+/// How a task's render ended, for its slot.
+struct RenderEnd {
+    /// The slot's next task, leased ahead while this one rendered.
+    next: Option<ahead::Ahead>,
+    /// Uploads the frames and reports the result (or the failure): the
+    /// task's end, whatever happens.
+    finish: tokio::task::JoinHandle<()>,
+    /// Why the slot may not run a task leased ahead, when it may not.
+    stops: Option<&'static str>,
+}
+
+/// Runs one task until its render ends, asking for the slot's next task
+/// ahead once the render has started; leaves the rest of the task (upload,
+/// report) to the finisher it returns. Never panics the slot.
 async fn run_task<R: Renderer>(
-    shared: &Shared<R>,
+    shared: &Arc<Shared<R>>,
     task: pb::TaskAssignment,
     slot: u32,
     shutdown: watch::Receiver<bool>,
-) {
+) -> RenderEnd {
     let lease = task.lease_id.clone();
     tracing::info!(%lease, frames = ?task.frames, attempt = task.attempt, "task started");
     let client = pb::work_client::WorkClient::new(shared.channel.clone());
@@ -444,6 +521,7 @@ async fn run_task<R: Renderer>(
                     frames_done: progress.frames.load(Ordering::Relaxed),
                     samples_done: progress.samples_done.load(Ordering::Relaxed),
                     samples_total: progress.samples_total.load(Ordering::Relaxed),
+                    waiting: false,
                 };
                 match client
                     .progress(crate::deadline::request(req, deadline))
@@ -493,9 +571,64 @@ async fn run_task<R: Renderer>(
             let _ = stop_tx.send(true);
         })
     };
-    let outcome = execute(shared, &task, slot, progress.clone(), stop_rx).await;
-    heartbeat.abort();
+    // The next task is asked for once the render has started (see
+    // [`ahead`]); the answer is awaited, never dropped, so that a granted
+    // lease is always held or released.
+    let (started, render_started) = tokio::sync::oneshot::channel();
+    let asker = {
+        let (shared, shutdown, job) = (shared.clone(), shutdown.clone(), task.job_id);
+        tokio::spawn(
+            async move {
+                render_started.await.ok()?;
+                ahead::ask(&shared, slot, job, &shutdown).await
+            }
+            .in_current_span(),
+        )
+    };
+    let rendered = render(shared, &task, slot, progress.clone(), stop_rx, started).await;
     watcher.abort();
+    let next = asker.await.ok().flatten();
+    let stops = match &rendered {
+        Err(RenderFailure::NoRoom(_)) => Some("this worker has no room for more work"),
+        Err(RenderFailure::Failed {
+            reason, log_tail, ..
+        }) if reason.contains(NO_DEVICE) || log_tail.contains(NO_DEVICE) => {
+            stop_gpu_work(shared, slot);
+            Some("this slot's GPU cannot render")
+        }
+        Err(RenderFailure::Stopped) if *shutdown.borrow() => Some("the worker is shutting down"),
+        _ => None,
+    };
+    let finish = {
+        let shared = shared.clone();
+        tokio::spawn(
+            async move {
+                let outcome = match rendered {
+                    Ok(frames) => upload_frames(&shared, frames).await,
+                    Err(f) => Err(f),
+                };
+                heartbeat.abort();
+                report(&shared, &client, &lease, outcome, &lost).await;
+            }
+            .in_current_span(),
+        )
+    };
+    RenderEnd {
+        next,
+        finish,
+        stops,
+    }
+}
+
+/// Reports how the task of `lease` ended, and removes its work folder.
+async fn report<R: Renderer>(
+    shared: &Shared<R>,
+    client: &pb::work_client::WorkClient<Conn>,
+    lease: &str,
+    outcome: Result<Report, RenderFailure>,
+    lost: &std::sync::atomic::AtomicBool,
+) {
+    let lease = lease.to_string();
     match outcome {
         Ok((outputs, stats, warnings)) => {
             let req = pb::CompleteRequest {
@@ -521,7 +654,7 @@ async fn run_task<R: Renderer>(
                     let what = format!("the coordinator refused the result: {}", s.message());
                     tracing::warn!(%lease, "{what}");
                     let f = failure(Kind::Refused, what, "", String::new());
-                    report_failure(&client, &lease, f).await;
+                    report_failure(client, &lease, f).await;
                 }
                 Err(s) if dropped(&s) => {
                     tracing::warn!(%lease, "result not recorded, task dropped: {}", s.message())
@@ -570,17 +703,7 @@ async fn run_task<R: Renderer>(
                 Err(s) => tracing::warn!(%lease, "cannot release the task: {}", s.message()),
             }
         }
-        Err(f) => {
-            if let RenderFailure::Failed {
-                reason, log_tail, ..
-            } = &f
-            {
-                if reason.contains(NO_DEVICE) || log_tail.contains(NO_DEVICE) {
-                    stop_gpu_work(shared, slot);
-                }
-            }
-            report_failure(&client, &lease, f).await;
-        }
+        Err(f) => report_failure(client, &lease, f).await,
     }
     let _ = std::fs::remove_dir_all(shared.config.cache.join("work").join(&lease));
 }
@@ -631,14 +754,16 @@ fn stop_gpu_work<R: Renderer>(shared: &Shared<R>, slot: u32) {
 /// warnings for the job.
 type Report = (Vec<pb::FrameOutput>, Vec<pb::FrameStats>, Vec<String>);
 
-/// Fetches, renders and uploads; returns what to report.
-async fn execute<R: Renderer>(
+/// Fetches the task's scene and files and renders it, saying on `started`
+/// when the render is handed to Blender.
+async fn render<R: Renderer>(
     shared: &Shared<R>,
     task: &pb::TaskAssignment,
     slot: u32,
     progress: Arc<Progress>,
     stop: watch::Receiver<bool>,
-) -> Result<Report, RenderFailure> {
+    started: tokio::sync::oneshot::Sender<()>,
+) -> Result<Vec<crate::blender::RenderedFrame>, RenderFailure> {
     let transfer_failed = |what: String| failure(Kind::Transfer, what, "", String::new());
     if task.scene_python && !shared.config.allow_scene_python {
         // The coordinator matches the feature; this guards against one that
@@ -774,12 +899,23 @@ async fn execute<R: Renderer>(
         }),
         scene_python: task.scene_python,
     };
+    let _ = started.send(());
     let frames = shared.renderer.render(req, progress, stop).await;
     drop(root);
     if let Err(e) = shared.files.evict() {
         tracing::warn!("cannot trim the file cache: {e}");
     }
-    let frames = frames?;
+    frames
+}
+
+/// Settles and uploads the rendered frames and their passes; returns what
+/// to report.
+async fn upload_frames<R: Renderer>(
+    shared: &Shared<R>,
+    frames: Vec<crate::blender::RenderedFrame>,
+) -> Result<Report, RenderFailure> {
+    let transfer_failed = |what: String| failure(Kind::Transfer, what, "", String::new());
+    let blobs = pb::blobs_client::BlobsClient::new(shared.channel.clone());
     let mut inline = *shared.inline.lock().unwrap();
     let mut outputs = Vec::with_capacity(frames.len());
     let mut stats = Vec::with_capacity(frames.len());
@@ -931,6 +1067,7 @@ pub async fn run_blender(
     run(config, renderer, shutdown).await
 }
 
+mod ahead;
 mod report;
 mod stamps;
 use report::{gpu_messages, memory_bytes, send_telemetry, slot_info};

@@ -509,11 +509,17 @@ impl pb::work_server::Work for WorkService {
             .iter()
             .filter_map(|d| d.parse().ok())
             .collect();
-        let wait = Duration::from_millis(u64::from(req.wait_ms)).min(MAX_LEASE_WAIT);
-        let outcome = self
-            .farm
-            .lease(&worker, &cached, req.warm_job.map(JobId), req.slot, wait)
-            .await?;
+        let warm = req.warm_job.map(JobId);
+        let outcome = if req.ahead {
+            self.farm
+                .lease_ahead(&worker, &cached, warm, req.slot)
+                .await?
+        } else {
+            let wait = Duration::from_millis(u64::from(req.wait_ms)).min(MAX_LEASE_WAIT);
+            self.farm
+                .lease(&worker, &cached, warm, req.slot, wait)
+                .await?
+        };
         Ok(Response::new(pb::LeaseResponse {
             task: outcome.task.as_ref().map(Into::into),
             ended_jobs: outcome.ended.iter().map(|j| j.0).collect(),
@@ -529,7 +535,11 @@ impl pb::work_server::Work for WorkService {
         let samples = (req.samples_done, req.samples_total);
         let lease = lease(&req.lease_id)?;
         self.farm.check_lease(&who, lease)?;
-        let keep_going = self.farm.progress(lease, req.frames_done, samples)?;
+        let keep_going = if req.waiting {
+            self.farm.renew_waiting(lease)?
+        } else {
+            self.farm.progress(lease, req.frames_done, samples)?
+        };
         let stop_reason = if keep_going {
             String::new()
         } else {

@@ -22,7 +22,7 @@ impl Farm {
         slot: u32,
     ) -> Result<Option<Assignment>, Error> {
         let started = std::time::Instant::now();
-        let leased = self.lease_locked(&mut self.lock(), worker, cached, warm, slot)?;
+        let leased = self.lease_locked(&mut self.lock(), worker, cached, warm, slot, false)?;
         match leased {
             Some((a, ticket)) => {
                 ticket.wait()?;
@@ -33,7 +33,79 @@ impl Farm {
         }
     }
 
-    /// Leases the best task for a slot under the lock; the assignment holds
+    /// Leases a task ahead for a slot of `worker` that is still rendering,
+    /// so that it starts the task as soon as its render ends: at once, never
+    /// parked, and only when [`Farm::spare`] says no idle slot is denied it.
+    /// A slot holds at most one task ahead. Answers no ended jobs: the
+    /// slot's next plain lease call brings them.
+    pub async fn lease_ahead(
+        &self,
+        worker: &WorkerId,
+        cached: &HashSet<Digest>,
+        warm: Option<JobId>,
+        slot: u32,
+    ) -> Result<LeaseOutcome, Error> {
+        if let Some(why) = self.stopped() {
+            return Err(Error::NotActive(format!(
+                "this coordinator stepped down: {why}; use the active coordinator"
+            )));
+        }
+        let started = std::time::Instant::now();
+        let leased = self.lease_locked(&mut self.lock(), worker, cached, warm, slot, true)?;
+        let task = match leased {
+            Some((assignment, ticket)) => {
+                ticket.stored().await?;
+                self.lease_served(started);
+                Some(assignment)
+            }
+            None => None,
+        };
+        Ok(LeaseOutcome {
+            task,
+            ended: Vec::new(),
+        })
+    }
+
+    /// Whether job `id` has a ready task to spare for `slot` of `worker`,
+    /// which is busy rendering: the slot holds no other task ahead (it
+    /// holds at most three leases: one it reports, one it renders, one
+    /// ahead), and
+    /// after the grant the job keeps a ready task for every parked lease
+    /// call (an idle slot) that could render it and for every other slot
+    /// now rendering it. Idle slots so always come first, and the last
+    /// tasks of a job go to whichever slot frees first, as without leasing
+    /// ahead, instead of queueing behind one slot's render.
+    fn spare(st: &State, id: JobId, worker: &WorkerId, slot: u32) -> bool {
+        let (Some(job), Some(index)) = (st.jobs.get(&id), st.schedule.job(id)) else {
+            return false;
+        };
+        let idle = st.schedule.waiting(job, &st.workers);
+        let slot_of = |j: JobId, t: u32| match st.tasks.get(&j).and_then(|l| l.get(t as usize)) {
+            Some(Task {
+                state: TaskState::Leased { worker, slot, .. },
+                ..
+            }) => Some((worker, *slot)),
+            _ => None,
+        };
+        let mine = st.schedule.held_by(worker).map_or(0, |held| {
+            held.iter()
+                .filter(|&&(j, t)| slot_of(j, t).is_some_and(|(_, s)| s == slot))
+                .count()
+        });
+        if mine > 2 {
+            return false;
+        }
+        let others: HashSet<(&WorkerId, u32)> = index
+            .leased()
+            .iter()
+            .filter_map(|&t| slot_of(id, t))
+            .filter(|&(w, s)| !(w == worker && s == slot))
+            .collect();
+        index.ready().len() > idle + others.len()
+    }
+
+    /// Leases the best task for a slot under the lock (`ahead`: for a slot
+    /// still rendering, see [`Farm::lease_ahead`]); the assignment holds
     /// once the ticket says the lease is stored.
     fn lease_locked(
         &self,
@@ -42,6 +114,7 @@ impl Farm {
         cached: &HashSet<Digest>,
         warm: Option<JobId>,
         slot: u32,
+        ahead: bool,
     ) -> Result<Option<(Assignment, Ticket)>, Error> {
         let now = self.clock.now_ms();
         Self::touch(st, worker, now)?;
@@ -70,6 +143,9 @@ impl Farm {
         ) else {
             return Ok(None);
         };
+        if ahead && !Self::spare(st, job_id, worker, slot) {
+            return Ok(None);
+        }
         let mut task = st.tasks[&job_id][index as usize].clone();
         let mut job = st.jobs[&job_id].clone();
         let lease = task.lease(worker, now, self.config.lease_ttl_ms)?;
@@ -79,7 +155,7 @@ impl Farm {
         job.start()?;
         // One line a task, with the fields a worker's log of it has too
         // (job, task, lease), so `--log-format json` logs join on them.
-        tracing::info!(job = %lease.job, task = lease.task, lease = %lease, worker = %worker, frames = ?task.frames, "task leased");
+        tracing::info!(job = %lease.job, task = lease.task, lease = %lease, worker = %worker, frames = ?task.frames, ahead, "task leased");
         self.count_stat(|s| s.leases_granted += 1);
         let assignment = Assignment {
             lease,
@@ -119,6 +195,9 @@ impl Farm {
     ) -> Result<LeaseOutcome, Error> {
         let deadline = tokio::time::Instant::now() + wait;
         let notify = Arc::new(Notify::new());
+        // The key of this call's entry among the parked ones, while listed:
+        // a woken call unparks under the lock of its next try.
+        let mut key: Option<u64> = None;
         loop {
             if let Some(why) = self.stopped() {
                 return Err(Error::NotActive(format!(
@@ -128,24 +207,26 @@ impl Farm {
             // Timed from here: the first try, or the try after a wake-up
             // for a ready task, so a parked call's idle wait is not counted.
             let started = std::time::Instant::now();
-            let (leased, ended, key) = {
+            let (leased, ended) = {
                 let mut st = self.lock();
+                if let Some(k) = key.take() {
+                    st.schedule.unpark(k);
+                }
                 let ended: Vec<JobId> = warm
                     .filter(|j| st.jobs.get(j).is_none_or(|job| job.state.is_final()))
                     .into_iter()
                     .collect();
-                let leased = self.lease_locked(&mut st, worker, cached, warm, slot)?;
-                let key = if leased.is_none() && ended.is_empty() {
-                    Some(st.schedule.park(schedule::Waiter {
+                let leased = self.lease_locked(&mut st, worker, cached, warm, slot, false)?;
+                if leased.is_none() && ended.is_empty() {
+                    key = Some(st.schedule.park(schedule::Waiter {
                         worker: worker.clone(),
                         slot,
                         warm,
                         notify: notify.clone(),
-                    }))
-                } else {
-                    None
-                };
-                (leased, ended, key)
+                        woken: false,
+                    }));
+                }
+                (leased, ended)
             };
             if let Some((assignment, ticket)) = leased {
                 ticket.stored().await?;
@@ -159,10 +240,10 @@ impl Farm {
                 return Ok(LeaseOutcome { task: None, ended });
             }
             let woken = tokio::time::timeout_at(deadline, notify.notified()).await;
-            if let Some(key) = key {
-                self.lock().schedule.unpark(key);
-            }
             if woken.is_err() {
+                if let Some(k) = key.take() {
+                    self.lock().schedule.unpark(k);
+                }
                 return Ok(LeaseOutcome {
                     task: None,
                     ended: Vec::new(),
@@ -278,6 +359,26 @@ impl Farm {
         frames_done: u32,
         samples: (u32, u32),
     ) -> Result<bool, Error> {
+        self.renew(lease, frames_done, samples, false)
+    }
+
+    /// Renews a lease taken ahead whose task waits for its slot's render to
+    /// end (see [`Farm::lease_ahead`]). The attempt's slot-time restarts
+    /// from now, so that an attempt counts from the last such renewal, when
+    /// its slot was about to start it, not from the grant. (Kept in memory
+    /// like every renewal: after a restart, an attempt counts from its grant.)
+    pub fn renew_waiting(&self, lease: LeaseId) -> Result<bool, Error> {
+        self.renew(lease, 0, (0, 0), true)
+    }
+
+    /// [`Farm::progress`], or [`Farm::renew_waiting`] when `waiting`.
+    fn renew(
+        &self,
+        lease: LeaseId,
+        frames_done: u32,
+        samples: (u32, u32),
+        waiting: bool,
+    ) -> Result<bool, Error> {
         let now = self.clock.now_ms();
         let mut st = self.lock();
         let ttl = self.config.lease_ttl_ms;
@@ -294,6 +395,9 @@ impl Farm {
         let held = task.renew(lease.grant, frames_done, now, ttl).is_ok();
         if held {
             (task.samples_done, task.samples_total) = samples;
+            if let (true, TaskState::Leased { since_ms, .. }) = (waiting, &mut task.state) {
+                *since_ms = now;
+            }
         }
         Ok(held)
     }
@@ -394,5 +498,117 @@ impl Farm {
             self.count_stat(|s| s.leases_expired += n as u64);
         }
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Leasing ahead: fairness to idle slots, and an attempt's slot-time.
+
+    use super::super::tests::{fixture, output, sub, until_parked, worker};
+    use super::*;
+
+    /// A lease asked ahead answers at once, and takes a task only when
+    /// every idle slot and every other slot rendering the job keeps one.
+    #[tokio::test]
+    async fn a_lease_ahead_takes_only_a_task_no_idle_slot_needs() {
+        let f = Arc::new(fixture());
+        let (a, b) = (worker(&f.farm, "a"), worker(&f.farm, "b"));
+        let none = HashSet::new();
+        let first = f.farm.submit(sub(f.scene, "1", 1)).unwrap();
+        let running = f.farm.try_lease(&a, &none).unwrap().unwrap();
+
+        // An empty queue: nothing, at once, and the call is not parked.
+        let got = f.farm.lease_ahead(&a, &none, Some(first), 0).await;
+        assert!(got.unwrap().task.is_none());
+        assert_eq!(f.farm.lock().schedule.parked(), 0);
+
+        // b is idle, parked; one task arrives and wakes it. Until b takes
+        // it, a's lease ahead must not (the test runs on one thread: b's
+        // call tries again only when this one yields).
+        let idle = {
+            let (f, b) = (f.clone(), b.clone());
+            tokio::spawn(async move {
+                f.farm
+                    .lease(&b, &HashSet::new(), None, 0, Duration::from_secs(10))
+                    .await
+            })
+        };
+        until_parked(&f.farm, 1).await;
+        let second = f.farm.submit(sub(f.scene, "1", 1)).unwrap();
+        let got = f.farm.lease_ahead(&a, &none, Some(first), 0).await;
+        assert!(got.unwrap().task.is_none(), "b, idle, comes first");
+        let b_task = idle.await.unwrap().unwrap().task.expect("b's task");
+        assert_eq!(b_task.lease.job, second);
+
+        // Four tasks, no idle slot: a takes one ahead; then, as when it
+        // renders that one while it reports the one before, another; then
+        // no more, as a slot holds at most three leases.
+        let third = f.farm.submit(sub(f.scene, "1-4", 1)).unwrap();
+        for _ in 0..2 {
+            let ahead = f.farm.lease_ahead(&a, &none, Some(first), 0).await;
+            let ahead = ahead.unwrap().task.expect("a task to spare");
+            assert_eq!(ahead.lease.job, third);
+        }
+        let again = f.farm.lease_ahead(&a, &none, Some(first), 0).await;
+        assert!(again.unwrap().task.is_none(), "a slot holds one task ahead");
+        // b may take one too: one is left for a's slot, which renders the job next.
+        let b_ahead = f.farm.lease_ahead(&b, &none, Some(second), 0).await;
+        assert!(b_ahead.unwrap().task.is_some());
+        // The last one goes to whichever slot frees first.
+        f.farm.complete(running.lease, vec![output(&f, 1)]).unwrap();
+        let c = worker(&f.farm, "c");
+        let c_task = f.farm.try_lease(&c, &none).unwrap().unwrap();
+        assert_eq!(c_task.lease.job, third);
+        let tail = f.farm.lease_ahead(&c, &none, Some(third), 0).await;
+        assert!(tail.unwrap().task.is_none(), "the queue is empty");
+    }
+
+    /// The tail of a job: with one ready task and another slot rendering
+    /// the job, nothing goes ahead.
+    #[tokio::test]
+    async fn the_last_task_of_a_job_is_not_leased_ahead_while_another_slot_renders_it() {
+        let f = fixture();
+        let (a, b) = (worker(&f.farm, "a"), worker(&f.farm, "b"));
+        let none = HashSet::new();
+        let job = f.farm.submit(sub(f.scene, "1-3", 1)).unwrap();
+        f.farm.try_lease(&a, &none).unwrap().unwrap();
+        f.farm.try_lease(&b, &none).unwrap().unwrap();
+        let got = f.farm.lease_ahead(&a, &none, Some(job), 0).await;
+        assert!(got.unwrap().task.is_none(), "b's slot needs the last task");
+        // Alone on the job, a slot may take its last task ahead.
+        let solo = f.farm.submit(sub(f.scene, "1-2", 1)).unwrap();
+        let c = worker(&f.farm, "c");
+        let first = f.farm.try_lease(&c, &none).unwrap().unwrap();
+        assert_eq!(first.lease.job, solo);
+        let got = f.farm.lease_ahead(&c, &none, Some(solo), 0).await;
+        assert_eq!(got.unwrap().task.expect("the last task").lease.job, solo);
+    }
+
+    /// A task leased ahead is kept by renewals while it waits, and its
+    /// attempt counts from the last one, not from the grant.
+    #[tokio::test]
+    async fn a_waiting_renewal_keeps_the_lease_and_restarts_the_attempts_clock() {
+        let f = fixture();
+        let a = worker(&f.farm, "a");
+        let none = HashSet::new();
+        let job = f.farm.submit(sub(f.scene, "1-2", 1)).unwrap();
+        let running = f.farm.try_lease(&a, &none).unwrap().unwrap();
+        let ahead = f.farm.lease_ahead(&a, &none, Some(job), 0).await;
+        let ahead = ahead.unwrap().task.expect("a task ahead");
+        for _ in 0..10 {
+            f.clock.advance(600);
+            assert!(f.farm.progress(running.lease, 0, (0, 0)).unwrap());
+            assert!(f.farm.renew_waiting(ahead.lease).unwrap());
+        }
+        assert_eq!(f.farm.expire_leases().unwrap(), 0, "both leases held");
+        f.farm.complete(running.lease, vec![output(&f, 1)]).unwrap();
+        f.clock.advance(400);
+        assert!(f.farm.progress(ahead.lease, 0, (0, 0)).unwrap());
+        f.farm.complete(ahead.lease, vec![output(&f, 2)]).unwrap();
+        let snap = f.farm.job(job).unwrap();
+        let ms = |i: usize| snap.tasks[i].attempts.last().unwrap().ms;
+        assert_eq!(ms(0), 6000, "the first task ran from its grant");
+        assert_eq!(ms(1), 400, "the second from its last waiting renewal");
     }
 }

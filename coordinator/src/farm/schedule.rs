@@ -18,7 +18,19 @@ pub(super) struct Waiter {
     pub(super) worker: WorkerId,
     pub(super) slot: u32,
     pub(super) warm: Option<JobId>,
+    /// Shared with the parked call: the call is alive while it holds its
+    /// clone (a call whose client went away drops it).
     pub(super) notify: Arc<Notify>,
+    /// Woken for a ready task and about to try again: still idle, so still
+    /// counted by [`Schedule::waiting`], until the call unparks itself.
+    pub(super) woken: bool,
+}
+
+impl Waiter {
+    /// Whether the parked call still waits (its future was not dropped).
+    fn alive(&self) -> bool {
+        Arc::strong_count(&self.notify) > 1
+    }
 }
 
 /// One job's indexes.
@@ -150,7 +162,7 @@ impl Schedule {
     /// How many lease calls are parked.
     #[cfg(test)]
     pub(super) fn parked(&self) -> usize {
-        self.waiters.len()
+        self.waiters.values().filter(|w| !w.woken).count()
     }
 
     /// Forgets a parked call (it was woken or gave up).
@@ -260,31 +272,41 @@ impl Schedule {
         }
     }
 
-    /// Wakes up to `n` parked lease calls whose slot can render `job`.
+    /// Wakes up to `n` parked lease calls whose slot can render `job`. A
+    /// woken call stays listed (as woken) until it unparks itself to try
+    /// again, so that a lease asked ahead does not take the task it was
+    /// woken for; calls whose client went away are dropped.
     pub(super) fn wake(
         &mut self,
         job: &Job,
         workers: &BTreeMap<WorkerId, WorkerRecord>,
         mut n: usize,
     ) {
-        let mut woken = Vec::new();
-        for (key, w) in &self.waiters {
+        let mut gone = Vec::new();
+        for (key, w) in self.waiters.iter_mut() {
             if n == 0 {
                 break;
             }
-            let fits = workers.get(&w.worker).is_some_and(|r| {
-                job.requirements.runtime_for(&r.runtimes).is_some()
-                    && job.requirements.satisfied_by(&r.slot_cap(w.slot), &r.tags)
-            });
-            if fits {
+            if !w.alive() {
+                gone.push(*key);
+            } else if !w.woken && fits(job, workers, w) {
                 w.notify.notify_one();
-                woken.push(*key);
+                w.woken = true;
                 n -= 1;
             }
         }
-        for k in woken {
+        for k in gone {
             self.waiters.remove(&k);
         }
+    }
+
+    /// How many parked lease calls (idle slots, woken or not) could render
+    /// `job`, by the same test [`Schedule::wake`] wakes them with.
+    pub(super) fn waiting(&self, job: &Job, workers: &BTreeMap<WorkerId, WorkerRecord>) -> usize {
+        self.waiters
+            .values()
+            .filter(|w| w.alive() && fits(job, workers, w))
+            .count()
     }
 
     /// Wakes the parked lease calls of slots that hold job `id` warm, so
@@ -308,4 +330,12 @@ impl Schedule {
         }
         self.waiters.clear();
     }
+}
+
+/// Whether the slot of parked call `w` can render `job`.
+fn fits(job: &Job, workers: &BTreeMap<WorkerId, WorkerRecord>, w: &Waiter) -> bool {
+    workers.get(&w.worker).is_some_and(|r| {
+        job.requirements.runtime_for(&r.runtimes).is_some()
+            && job.requirements.satisfied_by(&r.slot_cap(w.slot), &r.tags)
+    })
 }

@@ -186,6 +186,7 @@ impl FakeWorker {
             cached_scenes: vec![scene.to_string()],
             wait_ms: wait.as_millis().min(u128::from(u32::MAX)) as u32,
             warm_job: None,
+            ahead: false,
         };
         match self.work.clone().lease(req).await {
             Ok(r) => r.into_inner().task.is_some(),
@@ -206,6 +207,7 @@ impl FakeWorker {
                 cached_scenes: vec![cfg.scene.clone()],
                 wait_ms: cfg.lease_wait.as_millis().min(u128::from(u32::MAX)) as u32,
                 warm_job: None,
+                ahead: false,
             };
             let start = Instant::now();
             match self.work.clone().lease(req).await {
@@ -244,6 +246,7 @@ impl FakeWorker {
                 frames_done: 0,
                 samples_done: 1,
                 samples_total: 2,
+                waiting: false,
             };
             match work.progress(req).await {
                 Ok(r) if r.get_ref().keep_going => rec.progress.record(start),

@@ -1,0 +1,193 @@
+//! Leasing ahead: a slot asks for its next task while it renders, so that
+//! the next render starts as soon as the current one ends instead of after
+//! a lease round trip (and the upload and report of the current task).
+//!
+//! The slot asks once its current task's scene and files are in place and
+//! the render is handed to Blender, never during a download: a task whose
+//! download stalls or fails holds no second one. The coordinator answers at
+//! once, and grants a task only when no idle slot waits for it (see
+//! `LeaseRequest.ahead`). A task leased ahead is held by an [`Ahead`]:
+//! renewed like a running task (marked `waiting`, so its slot-time starts
+//! when it does) until its slot starts it, and released at once, never left
+//! to expire, when the worker shuts down or the slot will not run it.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_proto as pb;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+use super::{dropped, retry, Shared};
+use crate::blender::Renderer;
+use crate::connect::Conn;
+
+/// What the slot decides for the task it holds ahead.
+enum Decision {
+    /// Its turn came: the slot renders it.
+    Run,
+    /// The slot stops or cannot render it: it goes back to the coordinator.
+    Release(&'static str),
+}
+
+/// A task leased ahead, renewed until its slot starts or releases it.
+pub(super) struct Ahead {
+    task: pb::TaskAssignment,
+    decide: oneshot::Sender<Decision>,
+    /// Ends with whether the task is still the slot's to run: false when
+    /// its lease was lost (the job was cancelled, ...) or it was released.
+    keeper: JoinHandle<bool>,
+}
+
+impl Ahead {
+    /// The task, to render now; `None` when it is no longer this slot's
+    /// (its keeper said why in the log).
+    pub(super) async fn start(self) -> Option<pb::TaskAssignment> {
+        let _ = self.decide.send(Decision::Run);
+        self.keeper.await.unwrap_or(false).then_some(self.task)
+    }
+
+    /// Gives the task back to the coordinator (the slot will not run it)
+    /// and waits until that is done.
+    pub(super) async fn release(self, why: &'static str) {
+        let _ = self.decide.send(Decision::Release(why));
+        let _ = self.keeper.await;
+    }
+}
+
+/// Asks the coordinator for a task ahead for `slot`, whose current render
+/// (of job `warm`) has started; holds the task when one is granted.
+pub(super) async fn ask<R: Renderer>(
+    shared: &Arc<Shared<R>>,
+    slot: u32,
+    warm: u64,
+    shutdown: &watch::Receiver<bool>,
+) -> Option<Ahead> {
+    if *shutdown.borrow() || !shared.cache.has_room() {
+        return None;
+    }
+    let mut client = pb::work_client::WorkClient::new(shared.channel.clone());
+    let req = pb::LeaseRequest {
+        worker_id: shared.worker_id.read().await.clone(),
+        slot,
+        cached_scenes: shared.cache.digests(),
+        // A coordinator that predates `ahead` holds the call for this long.
+        wait_ms: 0,
+        warm_job: Some(warm),
+        ahead: true,
+    };
+    let answer = client
+        .lease(crate::deadline::request(
+            req,
+            crate::deadline::lease(Duration::ZERO),
+        ))
+        .await;
+    let task = match answer {
+        Ok(r) => r.into_inner().task?,
+        Err(s) => {
+            // The slot leases as usual once its render ends.
+            tracing::info!(slot, "no task leased ahead: {}", s.message());
+            return None;
+        }
+    };
+    tracing::info!(
+        slot,
+        job = task.job_id,
+        task = task.task_index,
+        lease = %task.lease_id,
+        "next task leased ahead"
+    );
+    let (decide, decided) = oneshot::channel();
+    let ttl = u64::from(shared.ttl_ms.load(Ordering::Relaxed));
+    let keeper = tokio::spawn(keep(
+        pb::work_client::WorkClient::new(shared.channel.clone()),
+        task.lease_id.clone(),
+        ttl,
+        decided,
+        shutdown.clone(),
+    ));
+    Some(Ahead {
+        task,
+        decide,
+        keeper,
+    })
+}
+
+/// Renews `lease` as often as a running task's until the slot decides, and
+/// releases it when the slot says so or the worker shuts down.
+async fn keep(
+    mut client: pb::work_client::WorkClient<Conn>,
+    lease: String,
+    ttl: u64,
+    mut decided: oneshot::Receiver<Decision>,
+    mut shutdown: watch::Receiver<bool>,
+) -> bool {
+    let every = Duration::from_millis((ttl / 3).clamp(100, 1000));
+    let deadline = crate::deadline::renewal(Duration::from_millis(ttl));
+    let mut tick = tokio::time::interval(every);
+    // The lease was just granted: the first renewal is due in `every`.
+    tick.tick().await;
+    let why = loop {
+        tokio::select! {
+            biased;
+            d = &mut decided => match d {
+                Ok(Decision::Run) => return true,
+                Ok(Decision::Release(why)) => break why,
+                Err(_) => break "its slot ended",
+            },
+            _ = stopping(&mut shutdown) => break "the worker is shutting down",
+            _ = tick.tick() => {
+                let req = pb::ProgressRequest {
+                    lease_id: lease.clone(),
+                    waiting: true,
+                    ..Default::default()
+                };
+                match client.progress(crate::deadline::request(req, deadline)).await {
+                    Ok(r) if !r.get_ref().keep_going => {
+                        let why = match r.get_ref().stop_reason.as_str() {
+                            "" => "lease lost or job ended",
+                            why => why,
+                        };
+                        tracing::warn!(%lease, "task held ahead dropped: {why}");
+                        return false;
+                    }
+                    Ok(_) => {}
+                    Err(s) if dropped(&s) => {
+                        tracing::warn!(%lease, "task held ahead dropped: {}", s.message());
+                        return false;
+                    }
+                    Err(s) => tracing::warn!(%lease, "cannot renew the lease of the task held ahead: {}", s.message()),
+                }
+            }
+        }
+    };
+    let req = pb::ReleaseRequest {
+        lease_id: lease.clone(),
+        preempted: false,
+        reason: String::new(),
+    };
+    match retry(
+        "releasing a task held ahead",
+        Duration::from_secs(5),
+        || {
+            let (mut c, r) = (client.clone(), req.clone());
+            async move { c.release(r).await }
+        },
+    )
+    .await
+    {
+        Ok(_) => tracing::info!(%lease, "task held ahead released, not started: {why}"),
+        Err(s) => tracing::warn!(%lease, "cannot release the task held ahead: {}", s.message()),
+    }
+    false
+}
+
+/// Resolves once `shutdown` is true; never when its sender is gone.
+async fn stopping(shutdown: &mut watch::Receiver<bool>) {
+    while !*shutdown.borrow_and_update() {
+        if shutdown.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
