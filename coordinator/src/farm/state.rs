@@ -177,7 +177,7 @@ impl State {
         for t in changed {
             let i = t.index;
             let old = match list.get_mut(i as usize) {
-                Some(slot) => Some(std::mem::replace(slot, t)),
+                Some(slot) => Some(Box::new(std::mem::replace(slot, t))),
                 None => {
                     list.push(t);
                     None
@@ -270,8 +270,10 @@ pub(super) struct Change<'a> {
     /// The job's tasks after the change.
     pub(super) list: &'a [Task],
     /// The changed tasks: each one's index and the record it replaced
-    /// (None when the task is new).
-    pub(super) tasks: Vec<(u32, Option<Task>)>,
+    /// (None when the task is new). Boxed: a new job's million tasks
+    /// replace nothing, and an inline `Option<Task>` would still take a
+    /// task's room each.
+    pub(super) tasks: Vec<(u32, Option<Box<Task>>)>,
     /// Frames this change stitched (their tiles let go of their blobs).
     pub(super) newly_stitched: Vec<u32>,
     /// Frames of a tiled job whose tiles or stitched image changed.
@@ -289,7 +291,7 @@ impl<'a> Change<'a> {
         job: &'a Job,
         old_job: Option<&'a Job>,
         list: &'a [Task],
-        tasks: Vec<(u32, Option<Task>)>,
+        tasks: Vec<(u32, Option<Box<Task>>)>,
     ) -> Self {
         let mut newly_stitched = Vec::new();
         if let Some(old) = old_job.filter(|o| !Arc::ptr_eq(&o.stitched, &job.stitched)) {
