@@ -28,6 +28,10 @@ farm() { # BIN WORKERS OUT: prints the wall time
   t0=$(now); "$1" render "$work/scene.blend" --frames "1-$n" --workers "$2" -o "$work/$3" >/dev/null 2>&1; t1=$(now)
   python3 -c "print($t1 - $t0)"
 }
+# Untimed warm-up: the first render after the scene is made runs about
+# 0.5 s slower whichever binary runs it (measured), and would fall on one side.
+"$tessera" render "$work/scene.blend" --frames 1 --workers 2 -o "$work/warm" >/dev/null 2>&1
+[ -n "$base" ] && "$base" render "$work/scene.blend" --frames 1 --workers 2 -o "$work/warm" >/dev/null 2>&1
 farm2=$(farm "$tessera" 2 farm2); base2=""; [ -n "$base" ] && base2=$(farm "$base" 2 base2)
 farm1=$(farm "$tessera" 1 farm1); base1=""; [ -n "$base" ] && base1=$(farm "$base" 1 base1)
 t0=$(now); blender -b "$work/scene.blend" -o "$work/anim/frame_####" -s 1 -e "$n" -a >/dev/null 2>&1; t1=$(now)

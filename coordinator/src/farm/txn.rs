@@ -6,7 +6,7 @@
 //! commits is the order of changes; then drop the lock and wait for the
 //! [`Ticket`]. One committer thread takes every change queued while the
 //! previous write ran, makes the blobs uploaded meanwhile durable
-//! ([`BlobStore::make_durable`]: two syncs for the whole batch), and writes
+//! ([`BlobStore::make_durable`]), and writes
 //! the changes as one store transaction with one flush (and `fsync`). A caller is answered only once the write holding its
 //! change is on disk, so "acknowledged means stored" holds while hundreds
 //! of changes share one flush.
