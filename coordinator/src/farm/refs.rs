@@ -125,15 +125,15 @@ pub(super) fn change_refs(change: &Change<'_>, files: &[Digest]) -> (Vec<Digest>
             released.extend(was);
         }
     }
-    for (i, old) in &change.tasks {
+    for (i, old) in change.tasks() {
         if let Some(old) = old {
             released.extend(task_refs(old, old_job.unwrap_or(job)));
         }
-        added.extend(task_refs(&change.list[*i as usize], job));
+        added.extend(task_refs(&change.list[i as usize], job));
     }
     // Tiles of newly stitched frames stop referencing their blobs.
     if let Some(old) = old_job.filter(|_| !change.newly_stitched.is_empty()) {
-        let changed: HashSet<u32> = change.tasks.iter().map(|(i, _)| *i).collect();
+        let changed: HashSet<u32> = change.tasks().map(|(i, _)| i).collect();
         for &frame in &change.newly_stitched {
             for t in frame_tasks(change.list, frame) {
                 if !changed.contains(&t.index) {

@@ -212,14 +212,12 @@ impl Schedule {
         }
         let index = self.index.entry(id).or_default();
         let mut newly_ready = 0usize;
-        for (i, old) in &change.tasks {
-            let t = &change.list[*i as usize];
+        for (i, old) in change.tasks() {
+            let t = &change.list[i as usize];
             if let Some(old) = old {
                 index.index(&mut self.held, old, job.is_tiled(), false);
             }
-            if t.state == TaskState::Queued
-                && old.as_ref().is_none_or(|o| o.state != TaskState::Queued)
-            {
+            if t.state == TaskState::Queued && old.is_none_or(|o| o.state != TaskState::Queued) {
                 newly_ready += 1;
             }
             if let TaskState::Leased { expires_ms, .. } = t.state {

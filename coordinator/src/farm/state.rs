@@ -173,19 +173,19 @@ impl State {
         let id = job.id;
         let old_job = self.jobs.remove(&id);
         let list = self.tasks.entry(id).or_default();
-        let mut tasks = Vec::with_capacity(changed.len());
+        let before = list.len() as u32;
+        let mut replaced = Vec::new();
         for t in changed {
             let i = t.index;
-            let old = match list.get_mut(i as usize) {
-                Some(slot) => Some(Box::new(std::mem::replace(slot, t))),
-                None => {
-                    list.push(t);
-                    None
-                }
-            };
-            tasks.push((i, old));
+            match list.get_mut(i as usize) {
+                Some(slot) if i < before => replaced.push((i, std::mem::replace(slot, t))),
+                // New in this change already: still new.
+                Some(slot) => *slot = t,
+                None => list.push(t),
+            }
         }
-        let change = Change::new(&job, old_job.as_ref(), &self.tasks[&id], tasks);
+        let appended = before..list.len() as u32;
+        let change = Change::new(&job, old_job.as_ref(), &self.tasks[&id], replaced, appended);
         let (added, released) = refs::change_refs(&change, self.files_of(&job));
         for d in added {
             self.blobs.add(d);
@@ -269,11 +269,12 @@ pub(super) struct Change<'a> {
     pub(super) old_job: Option<&'a Job>,
     /// The job's tasks after the change.
     pub(super) list: &'a [Task],
-    /// The changed tasks: each one's index and the record it replaced
-    /// (None when the task is new). Boxed: a new job's million tasks
-    /// replace nothing, and an inline `Option<Task>` would still take a
-    /// task's room each.
-    pub(super) tasks: Vec<(u32, Option<Box<Task>>)>,
+    /// The changed tasks that replaced a record: each one's index and the
+    /// record it replaced. See [`Change::tasks`].
+    replaced: Vec<(u32, Task)>,
+    /// The new tasks, appended to the list: a new job's million tasks are
+    /// a range, not a million entries.
+    appended: std::ops::Range<u32>,
     /// Frames this change stitched (their tiles let go of their blobs).
     pub(super) newly_stitched: Vec<u32>,
     /// Frames of a tiled job whose tiles or stitched image changed.
@@ -291,7 +292,8 @@ impl<'a> Change<'a> {
         job: &'a Job,
         old_job: Option<&'a Job>,
         list: &'a [Task],
-        tasks: Vec<(u32, Option<Box<Task>>)>,
+        replaced: Vec<(u32, Task)>,
+        appended: std::ops::Range<u32>,
     ) -> Self {
         let mut newly_stitched = Vec::new();
         if let Some(old) = old_job.filter(|o| !Arc::ptr_eq(&o.stitched, &job.stitched)) {
@@ -308,7 +310,8 @@ impl<'a> Change<'a> {
         }
         let mut frames_touched: BTreeSet<u32> = BTreeSet::new();
         if job.is_tiled() {
-            frames_touched.extend(tasks.iter().map(|(i, _)| list[*i as usize].frames[0]));
+            let changed = replaced.iter().map(|(i, _)| *i).chain(appended.clone());
+            frames_touched.extend(changed.map(|i| list[i as usize].frames[0]));
         }
         if old_job.is_some() {
             frames_touched.extend(newly_stitched.iter().copied());
@@ -318,13 +321,21 @@ impl<'a> Change<'a> {
             job,
             old_job,
             list,
-            tasks,
+            replaced,
+            appended,
             newly_stitched,
             frames_touched,
             became_final: job.state.is_final() && !was.is_some_and(|s| s.is_final()),
             reopened: !job.state.is_final() && was.is_some_and(|s| s.is_final()),
             resumed: job.state != JobState::Paused && was == Some(JobState::Paused),
         }
+    }
+
+    /// The changed tasks: each one's index and the record it replaced
+    /// (None when the task is new).
+    pub(super) fn tasks(&self) -> impl Iterator<Item = (u32, Option<&Task>)> + '_ {
+        let replaced = self.replaced.iter().map(|(i, old)| (*i, Some(old)));
+        replaced.chain(self.appended.clone().map(|i| (i, None)))
     }
 
     /// The job's new state, when it changed (or the job is new).
