@@ -23,6 +23,8 @@ pub struct Seen {
     pub fails: Vec<pb::FailRequest>,
     /// Leases handed out.
     pub leases: u32,
+    /// The digest of every PutBlob, in order.
+    pub puts: Vec<String>,
     /// Lease calls that came after the first `Fail`: a one-slot worker
     /// asks again only once it is done with the failed task.
     pub leases_after_fail: u32,
@@ -153,6 +155,16 @@ impl pb::work_server::Work for Fake {
     ) -> Result<Response<pb::CompleteResponse>, Status> {
         let req = req.into_inner();
         let answer = (self.complete)(&req);
+        if answer
+            .as_ref()
+            .is_err_and(|s| s.code() == tonic::Code::NotFound)
+        {
+            // "Not found" says it lost the result's blobs: it does not hold them.
+            let mut blobs = self.blobs.lock().unwrap();
+            for o in &req.outputs {
+                blobs.remove(&o.digest);
+            }
+        }
         self.seen.lock().unwrap().completes.push(req);
         answer.map(|()| Response::new(pb::CompleteResponse { duplicate: false }))
     }
@@ -211,6 +223,7 @@ impl pb::blobs_server::Blobs for Fake {
             return Err(Status::invalid_argument("digest mismatch"));
         }
         let size = data.len() as u64;
+        self.seen.lock().unwrap().puts.push(digest.clone());
         self.blobs.lock().unwrap().insert(digest.clone(), data);
         Ok(Response::new(pb::PutBlobResponse {
             digest,

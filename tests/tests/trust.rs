@@ -383,6 +383,50 @@ fn a_result_refused_for_good_is_reported_as_a_failure_everywhere() {
     });
 }
 
+#[test]
+fn a_result_whose_upload_the_coordinator_lost_is_uploaded_again() {
+    // A coordinator that restarted between a PutBlob and the commit that
+    // makes it durable has lost the blob: it answers the Complete that
+    // names it with NotFound. The worker uploads it again and reports again.
+    static COMPLETES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let scene = scene(&["--kind", "still", "--frames", "1"]);
+    let dir = scratch();
+    let fake = FakeCoordinator::start(&scene, &[1], |req| {
+        if COMPLETES.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+            return Ok(());
+        }
+        Err(tonic::Status::not_found(format!(
+            "blob {} of frame 1 (it was not uploaded, or was collected); upload it again, then report the result",
+            req.outputs[0].digest
+        )))
+    });
+    let w = worker_env(
+        &fake.url,
+        dir.path(),
+        "a",
+        &[],
+        &[("TESSERA_TOKEN", "tsr_fake")],
+    );
+    assert!(
+        eventually(LONG, || fake.seen(|s| s.completes.len() >= 2)),
+        "no second Complete after a lost blob:\n{}",
+        w.log()
+    );
+    fake.seen(|s| {
+        let frame = &s.completes[0].outputs[0].digest;
+        let uploads = s.puts.iter().filter(|d| *d == frame).count();
+        assert_eq!(uploads, 2, "the frame was not uploaded again: {s:?}");
+        assert_eq!(s.completes.len(), 2, "{s:?}");
+        assert_eq!(&s.completes[1].outputs[0].digest, frame);
+        assert_eq!(
+            s.completes[1].stats, s.completes[0].stats,
+            "the report again is the same report"
+        );
+        assert!(s.fails.is_empty(), "{s:?}");
+    });
+    assert!(w.log().contains("uploading it again"), "{}", w.log());
+}
+
 /// Runs `blender/session.py` on `scene` with its answers on stderr, sends
 /// `commands` and returns the answers (progress events left out).
 fn session_answers(scene: &Path, commands: &[serde_json::Value]) -> Vec<serde_json::Value> {

@@ -603,12 +603,21 @@ async fn run_task<R: Renderer>(
         let shared = shared.clone();
         tokio::spawn(
             async move {
-                let outcome = match rendered {
-                    Ok(frames) => upload_frames(&shared, frames).await,
-                    Err(f) => Err(f),
+                let outcome = match &rendered {
+                    Ok(frames) => upload_frames(&shared, frames.clone()).await,
+                    Err(f) => Err(f.clone()),
                 };
                 heartbeat.abort();
-                report(&shared, &client, &lease, outcome, &lost).await;
+                let again = outcome.as_ref().ok().cloned();
+                let reported = report(&shared, &client, &lease, outcome, &lost).await;
+                // The coordinator lost an upload (it restarted before the
+                // commit that would have made it durable): once more, from
+                // the work folder, which a lost blob leaves in place.
+                if let (Reported::BlobLost, Ok(frames), Some(again)) = (reported, &rendered, again) {
+                    tracing::info!(%lease, "the coordinator lost an uploaded result; uploading it again");
+                    let outcome = upload_again(&shared, frames, &again.0).await.map(|()| again);
+                    report(&shared, &client, &lease, outcome, &lost).await;
+                }
             }
             .in_current_span(),
         )
@@ -620,17 +629,29 @@ async fn run_task<R: Renderer>(
     }
 }
 
-/// Reports how the task of `lease` ended, and removes its work folder.
+/// What became of a report.
+#[derive(Debug, PartialEq, Eq)]
+enum Reported {
+    /// Answered, whichever way.
+    Done,
+    /// The coordinator does not hold one of the result's uploaded blobs: it
+    /// lost it (a restart before the commit that makes uploads durable).
+    BlobLost,
+}
+
+/// Reports how the task of `lease` ended, and removes its work folder
+/// (unless a blob of the result was lost: it is uploaded again from there).
 async fn report<R: Renderer>(
     shared: &Shared<R>,
     client: &pb::work_client::WorkClient<Conn>,
     lease: &str,
     outcome: Result<Report, RenderFailure>,
     lost: &std::sync::atomic::AtomicBool,
-) {
+) -> Reported {
     let lease = lease.to_string();
     match outcome {
         Ok((outputs, stats, warnings)) => {
+            let digests: Vec<String> = outputs.iter().map(|o| o.digest.clone()).collect();
             let req = pb::CompleteRequest {
                 lease_id: lease.clone(),
                 outputs,
@@ -655,6 +676,13 @@ async fn report<R: Renderer>(
                     tracing::warn!(%lease, "{what}");
                     let f = failure(Kind::Refused, what, "", String::new());
                     report_failure(client, &lease, f).await;
+                }
+                Err(s)
+                    if s.code() == Code::NotFound
+                        && digests.iter().any(|d| s.message().contains(d.as_str())) =>
+                {
+                    tracing::warn!(%lease, "result not recorded: {}", s.message());
+                    return Reported::BlobLost;
                 }
                 Err(s) if dropped(&s) => {
                     tracing::warn!(%lease, "result not recorded, task dropped: {}", s.message())
@@ -706,6 +734,7 @@ async fn report<R: Renderer>(
         Err(f) => report_failure(client, &lease, f).await,
     }
     let _ = std::fs::remove_dir_all(shared.config.cache.join("work").join(&lease));
+    Reported::Done
 }
 
 /// Reports a failed task with its scope.
@@ -906,6 +935,34 @@ async fn render<R: Renderer>(
         tracing::warn!("cannot trim the file cache: {e}");
     }
     frames
+}
+
+/// Uploads again the files of `outputs` (made by [`upload_frames`] from
+/// `frames`, in its order) that went by PutBlob and that the coordinator
+/// says it does not hold.
+async fn upload_again<R: Renderer>(
+    shared: &Shared<R>,
+    frames: &[crate::blender::RenderedFrame],
+    outputs: &[pb::FrameOutput],
+) -> Result<(), RenderFailure> {
+    let mut blobs = pb::blobs_client::BlobsClient::new(shared.channel.clone());
+    let mut paths: Vec<std::path::PathBuf> = Vec::new();
+    for f in frames {
+        paths.push(f.path.clone());
+        paths.extend(f.passes.iter().map(|p| p.path.clone()));
+    }
+    for (path, o) in paths.iter().zip(outputs) {
+        if o.data.is_some() {
+            continue;
+        }
+        transfer::upload_file(&mut blobs, path, &o.digest, o.size)
+            .await
+            .map_err(|e| {
+                let what = format!("cannot upload frame {} again: {e}", o.frame);
+                failure(Kind::Transfer, what, "", String::new())
+            })?;
+    }
+    Ok(())
 }
 
 /// Settles and uploads the rendered frames and their passes; returns what
