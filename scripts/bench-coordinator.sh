@@ -22,6 +22,9 @@
 #   QUICK=1           W in {10,100} x N in {10k}, recovery with 10k tasks
 #   WORKERS="..."     [10 100 1000]          TASKS="..."  [10000 100000 1000000]
 #   SLOTS=S [8]       RENDER_MS=MS [1200]    WARMUP=S [5] WINDOW=S [15]
+#   ROUNDS=R [1]      runs per design and cell, alternating the designs; the
+#                     table shows each column's median (low-load latencies
+#                     swing by 2x between runs of one binary: take R >= 3)
 #   RECOVERY_TASKS=N [1000000; 0 skips it]
 #   SUBMIT_TIMEOUT=S [120] SETUP_TIMEOUT=S [120] RECOVERY_TIMEOUT=S [120]:
 #                     a step past its limit prints "timeout" in the table
@@ -53,7 +56,7 @@ if [ "${QUICK:-0}" = 1 ]; then
 else
   WORKERS="${WORKERS:-10 100 1000}"; TASKS="${TASKS:-10000 100000 1000000}"; RECOVERY_TASKS="${RECOVERY_TASKS:-1000000}"
 fi
-SLOTS="${SLOTS:-8}"; RENDER_MS="${RENDER_MS:-1200}"; WARMUP="${WARMUP:-5}"; WINDOW="${WINDOW:-15}"
+ROUNDS="${ROUNDS:-1}"; SLOTS="${SLOTS:-8}"; RENDER_MS="${RENDER_MS:-1200}"; WARMUP="${WARMUP:-5}"; WINDOW="${WINDOW:-15}"
 SUBMIT_TIMEOUT="${SUBMIT_TIMEOUT:-120}"; SETUP_TIMEOUT="${SETUP_TIMEOUT:-120}"; RECOVERY_TIMEOUT="${RECOVERY_TIMEOUT:-120}"
 OUT="${OUT:-target/bench-coordinator/$(date +%Y%m%d-%H%M%S)}"
 case "$PROFILE" in
@@ -132,16 +135,16 @@ measure() { # DESIGN CAP JSONL FALLBACK_FIELDS ARGS...
 
 : >"$OUT/new.jsonl"; : >"$OUT/baseline.jsonl"
 cap=$(( SUBMIT_TIMEOUT + SETUP_TIMEOUT + ${WARMUP%.*} + ${WINDOW%.*} + 60 ))
-echo "== sweep: W in {$WORKERS} x N in {$TASKS}, $SLOTS slots, ${RENDER_MS} ms renders, ${WARMUP} s warm-up, ${WINDOW} s window" >&2
+echo "== sweep: W in {$WORKERS} x N in {$TASKS}, $SLOTS slots, ${RENDER_MS} ms renders, ${WARMUP} s warm-up, ${WINDOW} s window, $ROUNDS round(s)" >&2
 for n in $TASKS; do
   for w in $WORKERS; do
     # The two designs back to back, so a busy moment of the machine falls on both.
-    for design in new baseline; do
+    for _ in $(seq "$ROUNDS"); do for design in new baseline; do
       bin="$new_bin"; [ "$design" = baseline ] && bin="$base_bin"
       measure "$design" "$cap" "$OUT/$design.jsonl" "\"workers\":$w,\"slots\":$SLOTS,\"tasks\":$n" \
         run --tessera "$bin" -w "$w" -s "$SLOTS" -n "$n" --render-ms "$RENDER_MS" \
         --warmup "$WARMUP" --window "$WINDOW" --submit-timeout "$SUBMIT_TIMEOUT" --setup-timeout "$SETUP_TIMEOUT"
-    done
+    done; done
   done
 done
 
@@ -161,7 +164,7 @@ fi
   else
     echo "coordinator load benchmark: new = this tree ($(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ", uncommitted changes")), baseline = $BASELINE ($short)"
   fi
-  echo "$PROFILE build, $(nproc) cores, $SLOTS slots per worker, ${RENDER_MS} ms renders, window ${WINDOW} s after ${WARMUP} s warm-up; latencies in ms"
+  echo "$PROFILE build, $(nproc) cores, $ROUNDS round(s) per cell, $SLOTS slots per worker, ${RENDER_MS} ms renders, window ${WINDOW} s after ${WARMUP} s warm-up; latencies in ms"
   echo "lease: Lease calls that returned a task (long-poll waits that ended empty are left out); status: GetJob with the first 1,000 tasks"
   echo
   "$load" table --new "$OUT/new.jsonl" --baseline "$OUT/baseline.jsonl"

@@ -52,12 +52,16 @@ impl Uploaded {
 }
 
 /// Hashes the files of `layout` (reusing the hash cache) and uploads those
-/// the coordinator lacks, with the file set's manifest.
+/// the coordinator lacks, with the file set's manifest. Hashing and sending
+/// overlap: a file is asked about and sent as soon as its digest is known,
+/// while the next files are still being hashed.
 pub async fn files(c: &mut Client, layout: &Layout) -> Result<Uploaded> {
     let mut cache = HashCache::load();
-    let entries = hash_all(layout, &mut cache, false).await?;
+    let (entries, todo) = listed(layout, &cache)?;
+    let uploaded = pipeline(c, layout, entries, todo, &mut cache).await;
+    // Digests found before a failure are still right: keep them.
     cache.save();
-    send(c, layout, entries).await
+    uploaded
 }
 
 /// Uploads the hashed files of `layout` (and its file set's manifest) that
@@ -67,32 +71,148 @@ pub async fn send(
     layout: &Layout,
     entries: Vec<pb::FileEntry>,
 ) -> Result<Uploaded> {
+    pipeline(c, layout, entries, Vec::new(), &mut HashCache::none()).await
+}
+
+/// A file still to hash: its index in the layout, path, size and mtime.
+type ToHash = (usize, PathBuf, u64, i128);
+
+/// The pipeline behind [`files`] and [`send`]: `todo`'s files are hashed in
+/// parallel; each digest, once known (cached ones at once), joins the next
+/// batch asked of the coordinator (one question in flight at a time, so a
+/// scene of many small files asks in few calls); the files it lacks are sent
+/// four at a time; last, the file set's manifest.
+async fn pipeline(
+    c: &mut Client,
+    layout: &Layout,
+    mut entries: Vec<pb::FileEntry>,
+    todo: Vec<ToHash>,
+    cache: &mut HashCache,
+) -> Result<Uploaded> {
+    // Two bars, each shown once it has work: hashing, and uploading (whose
+    // total grows as the coordinator names the files it lacks).
+    let bars = indicatif::MultiProgress::new();
+    let hashing = bytes_bar(todo.iter().map(|t| t.2).sum(), "hashing  ", todo.is_empty());
+    if !todo.is_empty() {
+        bars.add(hashing.clone());
+    }
+    let sending = bytes_bar(0, "uploading", false);
+    sending.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    let mut hashed = hash_stream(todo, hashing.clone());
+    // Digests known now; the hashed ones follow on the channel.
+    let mut ready: Vec<usize> = (0..entries.len())
+        .filter(|&i| entries[i].shared.is_empty() && !entries[i].digest.is_empty())
+        .collect();
+    let mut asked = HashSet::new();
+    let mut uploads = tokio::task::JoinSet::new();
+    let (mut sent, mut count) = (0, 0);
+    let mut hashing_done = false;
+    loop {
+        while let Ok(h) = hashed.try_recv() {
+            ready.push(note_hash(&mut entries, cache, h?));
+        }
+        if ready.is_empty() {
+            if hashing_done {
+                break;
+            }
+            match hashed.recv().await {
+                Some(h) => ready.push(note_hash(&mut entries, cache, h?)),
+                None => hashing_done = true,
+            }
+            continue;
+        }
+        let batch: Vec<usize> = std::mem::take(&mut ready)
+            .into_iter()
+            .filter(|&i| asked.insert(entries[i].digest.clone()))
+            .collect();
+        let digests = batch.iter().map(|&i| entries[i].digest.clone()).collect();
+        let lacking = missing(c, digests).await?;
+        for i in batch
+            .into_iter()
+            .filter(|&i| lacking.contains(&entries[i].digest))
+        {
+            while uploads.len() >= 4 {
+                let n = joined(c, uploads.join_next().await)?;
+                sent += n;
+            }
+            let (mut blobs, bar) = (c.blobs.clone(), sending.clone());
+            let (path, digest, size) = (
+                layout.files[i].1.clone(),
+                entries[i].digest.clone(),
+                entries[i].size,
+            );
+            if count == 0 {
+                bars.add(sending.clone());
+            }
+            bar.inc_length(size);
+            count += 1;
+            uploads.spawn(async move {
+                let r = tessera_worker::transfer::put_file(&mut blobs, &path, &digest, size).await;
+                bar.inc(size);
+                r.map_err(|e| (path, e))
+            });
+        }
+    }
+    while !uploads.is_empty() {
+        sent += joined(c, uploads.join_next().await)?;
+    }
+    hashing.finish_and_clear();
+    sending.finish_and_clear();
+
     let scene = entries[0].digest.clone();
     let self_contained =
         entries.len() == 1 && layout.mappings.is_empty() && layout.missing.is_empty();
-    let manifest = (!self_contained).then(|| manifest(layout, entries.clone()));
-    let manifest_digest = manifest
-        .as_ref()
-        .map(|m| blake3::hash(m).to_hex().to_string());
-    let mut digests: Vec<String> = entries
-        .iter()
-        .filter(|e| e.shared.is_empty())
-        .map(|e| e.digest.clone())
-        .collect();
-    digests.extend(manifest_digest.clone());
-    let lacking = missing(c, digests).await?;
-    let (sent, count) = send_files(c, layout, &entries, &lacking, false).await?;
-    if let (Some(m), Some(d)) = (manifest, &manifest_digest) {
-        if lacking.contains(d) {
-            put_bytes(c, d, m).await?;
+    let mut file_set = None;
+    if !self_contained {
+        let m = manifest(layout, entries);
+        let d = blake3::hash(&m).to_hex().to_string();
+        if missing(c, vec![d.clone()]).await?.contains(&d) {
+            put_bytes(c, &d, m).await?;
         }
+        file_set = Some(d);
     }
     Ok(Uploaded {
         scene,
-        file_set: manifest_digest,
+        file_set,
         sent,
         count,
     })
+}
+
+/// Records a digest from [`hash_stream`] in its entry and in the cache;
+/// returns the entry's index.
+fn note_hash(entries: &mut [pb::FileEntry], cache: &mut HashCache, h: Hashed) -> usize {
+    let (i, path, size, mtime_ns, digest) = h;
+    entries[i].digest = digest.clone();
+    cache.known.insert(
+        path,
+        Known {
+            size,
+            mtime_ns,
+            digest,
+        },
+    );
+    cache.changed = true;
+    i
+}
+
+/// What one upload task ends with: the bytes sent, or the file and why.
+type Sent = Result<u64, (PathBuf, tessera_worker::Error)>;
+
+/// The bytes one finished upload sent, or why it failed.
+fn joined(c: &Client, r: Option<Result<Sent, tokio::task::JoinError>>) -> Result<u64> {
+    match r
+        .expect("joined only while uploads run")
+        .expect("upload task panicked")
+    {
+        Ok(n) => Ok(n),
+        Err((path, tessera_worker::Error::Rpc(s))) => {
+            Err(c.explain(s)).with_context(|| format!("cannot upload {}", path.display()))
+        }
+        Err((path, e)) => {
+            Err(anyhow!(e)).with_context(|| format!("cannot upload {}", path.display()))
+        }
+    }
 }
 
 /// Uploads `bytes` as blob `digest`.
@@ -178,6 +298,20 @@ pub async fn hash_all(
     cache: &mut HashCache,
     quiet: bool,
 ) -> Result<Vec<pb::FileEntry>> {
+    let (mut entries, todo) = listed(layout, cache)?;
+    let total: u64 = todo.iter().map(|t| t.2).sum();
+    let bar = bytes_bar(total, "hashing", quiet || todo.is_empty());
+    let mut hashed = hash_stream(todo, bar.clone());
+    while let Some(h) = hashed.recv().await {
+        note_hash(&mut entries, cache, h?);
+    }
+    bar.finish_and_clear();
+    Ok(entries)
+}
+
+/// The entries of `layout`'s files, with the digests `cache` knows, and the
+/// files still to hash. Files on shared storage are listed, never hashed.
+fn listed(layout: &Layout, cache: &HashCache) -> Result<(Vec<pb::FileEntry>, Vec<ToHash>)> {
     use std::os::unix::fs::PermissionsExt;
     let mut entries = Vec::with_capacity(layout.files.len());
     let mut todo = Vec::new();
@@ -195,86 +329,68 @@ pub async fn hash_all(
         } else {
             0o644
         };
+        let shared = layout.is_shared(path);
         let digest = cache
             .known
             .get(path)
             .filter(|k| k.size == meta.len() && k.mtime_ns == mtime_ns(&meta) && k.mtime_ns != 0)
             .map(|k| k.digest.clone());
-        if digest.is_none() && !layout.is_shared(path) {
+        if digest.is_none() && !shared {
             todo.push((i, path.clone(), meta.len(), mtime_ns(&meta)));
-        }
-        if layout.is_shared(path) {
-            // On shared storage: listed, not hashed or sent.
-            entries.push(pb::FileEntry {
-                path: rel.clone(),
-                digest: String::new(),
-                size: meta.len(),
-                mode,
-                shared: path.to_string_lossy().into_owned(),
-            });
-            continue;
         }
         entries.push(pb::FileEntry {
             path: rel.clone(),
-            digest: digest.unwrap_or_default(),
+            // On shared storage: listed, not hashed or sent.
+            digest: if shared {
+                String::new()
+            } else {
+                digest.unwrap_or_default()
+            },
             size: meta.len(),
             mode,
-            shared: String::new(),
+            shared: if shared {
+                path.to_string_lossy().into_owned()
+            } else {
+                String::new()
+            },
         });
     }
-    let total: u64 = todo.iter().map(|t| t.2).sum();
-    let bar = bytes_bar(total, "hashing", quiet || todo.is_empty());
+    Ok((entries, todo))
+}
+
+/// A file hashed: its index in the layout, path, size, mtime and digest.
+type Hashed = (usize, PathBuf, u64, i128, String);
+
+/// Hashes `todo` in parallel (as many files at a time as there are cores,
+/// at most 8), advancing `bar`; each digest arrives on the channel as soon
+/// as it is known. The hashing stops when the receiver is dropped.
+fn hash_stream(
+    todo: Vec<ToHash>,
+    bar: ProgressBar,
+) -> tokio::sync::mpsc::UnboundedReceiver<Result<Hashed, tessera_worker::Error>> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let parallel = std::thread::available_parallelism()
         .map_or(2, |n| n.get())
         .min(8);
-    let results = futures_lite_map(todo, parallel, |(i, path, size, mtime)| {
-        let bar = bar.clone();
-        async move {
-            let (digest, _) = tessera_worker::transfer::hash_file(&path).await?;
-            bar.inc(size);
-            Ok::<_, tessera_worker::Error>((i, path, size, mtime, digest))
-        }
-    })
-    .await;
-    bar.finish_and_clear();
-    for r in results {
-        let (i, path, size, mtime_ns, digest) = r?;
-        entries[i].digest = digest.clone();
-        cache.known.insert(
-            path,
-            Known {
-                size,
-                mtime_ns,
-                digest,
-            },
-        );
-        cache.changed = true;
-    }
-    Ok(entries)
-}
-
-/// Runs `f` over `items`, at most `n` at a time; results in any order.
-async fn futures_lite_map<T, R, F, Fut>(items: Vec<T>, n: usize, f: F) -> Vec<R>
-where
-    T: Send + 'static,
-    R: Send + 'static,
-    F: Fn(T) -> Fut,
-    Fut: std::future::Future<Output = R> + Send + 'static,
-{
-    let mut set = tokio::task::JoinSet::new();
-    let mut out = Vec::with_capacity(items.len());
-    for item in items {
-        while set.len() >= n.max(1) {
-            if let Some(r) = set.join_next().await {
-                out.push(r.expect("task panicked"));
+    tokio::spawn(async move {
+        let mut set = tokio::task::JoinSet::new();
+        for (i, path, size, mtime) in todo {
+            while set.len() >= parallel {
+                set.join_next().await;
             }
+            if tx.is_closed() {
+                return;
+            }
+            let (tx, bar) = (tx.clone(), bar.clone());
+            set.spawn(async move {
+                let r = tessera_worker::transfer::hash_file(&path).await;
+                bar.inc(size);
+                let _ = tx.send(r.map(|(digest, _)| (i, path, size, mtime, digest)));
+            });
         }
-        set.spawn(f(item));
-    }
-    while let Some(r) = set.join_next().await {
-        out.push(r.expect("task panicked"));
-    }
-    out
+        while set.join_next().await.is_some() {}
+    });
+    rx
 }
 
 fn bytes_bar(total: u64, what: &str, hidden: bool) -> ProgressBar {
@@ -326,53 +442,6 @@ pub async fn missing(c: &mut Client, digests: Vec<String>) -> Result<HashSet<Str
         out.extend(m);
     }
     Ok(out)
-}
-
-/// Uploads the files of `layout` whose digests are in `lacking`, in
-/// parallel with a progress bar; returns the bytes and files sent.
-async fn send_files(
-    c: &mut Client,
-    layout: &Layout,
-    entries: &[pb::FileEntry],
-    lacking: &HashSet<String>,
-    quiet: bool,
-) -> Result<(u64, usize)> {
-    let mut seen = HashSet::new();
-    let todo: Vec<(PathBuf, String, u64)> = layout
-        .files
-        .iter()
-        .zip(entries)
-        .filter(|(_, e)| lacking.contains(&e.digest) && seen.insert(e.digest.clone()))
-        .map(|((_, p), e)| (p.clone(), e.digest.clone(), e.size))
-        .collect();
-    let total: u64 = todo.iter().map(|t| t.2).sum();
-    let count = todo.len();
-    let bar = bytes_bar(total, "uploading", quiet || todo.is_empty());
-    let blobs = c.blobs.clone();
-    let results = futures_lite_map(todo, 4, |(path, digest, size)| {
-        let (mut blobs, bar) = (blobs.clone(), bar.clone());
-        async move {
-            let r = tessera_worker::transfer::put_file(&mut blobs, &path, &digest, size).await;
-            bar.inc(size);
-            r.map_err(|e| (path, e))
-        }
-    })
-    .await;
-    bar.finish_and_clear();
-    let mut sent = 0;
-    for r in results {
-        match r {
-            Ok(n) => sent += n,
-            Err((path, tessera_worker::Error::Rpc(s))) => {
-                return Err(c.explain(s))
-                    .with_context(|| format!("cannot upload {}", path.display()))
-            }
-            Err((path, e)) => {
-                return Err(anyhow!(e)).with_context(|| format!("cannot upload {}", path.display()))
-            }
-        }
-    }
-    Ok((sent, count))
 }
 
 /// `tessera hash`: one JSON line per file, `{"path", "digest", "size"}`.

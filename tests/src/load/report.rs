@@ -225,16 +225,76 @@ fn failed(outcome: &str) -> Option<&'static str> {
 }
 
 /// `new / baseline` of one measure, when both were measured.
-fn ratio(new: &Report, base: &Report, c: &Column) -> String {
-    match ((c.get)(new), (c.get)(base)) {
+fn ratio(new: Option<f64>, base: Option<f64>) -> String {
+    match (new, base) {
         (Some(n), Some(b)) if b != 0.0 => format!("{:.2}", n / b),
         (Some(0.0), Some(_)) => "1.00".into(),
         _ => "-".into(),
     }
 }
 
+/// One design's runs of one cell, as the table shows them: per column the
+/// median over the runs that measured it (one run: its value), or why no
+/// run finished.
+struct Summary {
+    values: Vec<Option<f64>>,
+    runs: usize,
+    /// The outcome of a run that did not finish, when none did.
+    failure: Option<String>,
+}
+
+impl Summary {
+    fn of(runs: &[&Report]) -> Self {
+        let ok: Vec<&&Report> = runs.iter().filter(|r| r.ok()).collect();
+        let values = COLUMNS
+            .iter()
+            .map(|c| median(ok.iter().filter_map(|r| (c.get)(r)).collect()))
+            .collect();
+        let failure = match (ok.is_empty(), runs.first()) {
+            (true, Some(r)) => Some(r.outcome.clone()),
+            (true, None) => Some("not run".into()),
+            _ => None,
+        };
+        Self {
+            values,
+            runs: ok.len(),
+            failure,
+        }
+    }
+
+    fn text(&self, i: usize) -> String {
+        match self.values[i] {
+            Some(v) => number(v, COLUMNS[i].decimals),
+            None if i == 0 => self
+                .failure
+                .as_deref()
+                .and_then(failed)
+                .unwrap_or("-")
+                .into(),
+            None => "-".into(),
+        }
+    }
+}
+
+/// The median of `v` (the mean of the middle two for an even count).
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    Some(if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    })
+}
+
 /// One table of two designs' runs: per cell (workers x tasks) three lines,
 /// the new design, the baseline and their ratio (new / baseline) per column.
+/// A cell run several times (`ROUNDS` in the benchmark script) shows each
+/// column's median over its finished runs, and the ratio of the medians:
+/// single low-load latencies swing by 2x and more from run to run.
 pub fn compare(new: &[Report], baseline: &[Report]) -> String {
     let mut cells: Vec<(u32, u32)> = new
         .iter()
@@ -243,43 +303,51 @@ pub fn compare(new: &[Report], baseline: &[Report]) -> String {
         .collect();
     cells.sort_unstable_by_key(|&(w, t)| (t, w));
     cells.dedup();
-    let mut out = format!("{:<16}{:<10}", "cell", "design");
+    let mut out = format!("{:<16}{:<14}", "cell", "design");
     for c in COLUMNS {
         out.push_str(&format!("{:>w$}", c.name, w = c.width));
     }
     out.push('\n');
-    let missing = Report {
-        outcome: "not run".into(),
-        ..Default::default()
-    };
     for (w, t) in cells {
-        let find = |rs: &[Report]| {
-            rs.iter()
-                .find(|r| r.workers == w && r.tasks == t)
-                .cloned()
-                .unwrap_or_else(|| missing.clone())
+        let find = |rs: &[Report], name: &str| {
+            let runs: Vec<&Report> = rs
+                .iter()
+                .filter(|r| r.workers == w && r.tasks == t)
+                .collect();
+            let s = Summary::of(&runs);
+            let design = match (runs.len(), s.runs) {
+                (0 | 1, _) => name.to_string(),
+                (all, ok) if ok == all => format!("{name} x{all}"),
+                (all, ok) => format!("{name} {ok}/{all}"),
+            };
+            (s, design)
         };
-        let (n, b) = (find(new), find(baseline));
+        let ((n, nd), (b, bd)) = (find(new, "new"), find(baseline, "baseline"));
         let label = format!("W={w} N={}", count(t));
-        for (cell, design, r) in [(label.as_str(), "new", &n), ("", "baseline", &b)] {
-            out.push_str(&format!("{cell:<16}{design:<10}"));
-            for c in COLUMNS {
-                out.push_str(&format!("{:>w$}", cell_text(r, c), w = c.width));
+        for (cell, design, r) in [(label.as_str(), nd, &n), ("", bd, &b)] {
+            out.push_str(&format!("{cell:<16}{design:<14}"));
+            for (i, c) in COLUMNS.iter().enumerate() {
+                out.push_str(&format!("{:>w$}", r.text(i), w = c.width));
             }
-            if !r.ok() {
-                out.push_str(&format!("  ({})", r.outcome));
+            if let Some(why) = &r.failure {
+                out.push_str(&format!("  ({why})"));
             }
             out.push('\n');
         }
-        out.push_str(&format!("{:<16}{:<10}", "", "ratio"));
-        for c in COLUMNS {
-            out.push_str(&format!("{:>w$}", ratio(&n, &b, c), w = c.width));
+        out.push_str(&format!("{:<16}{:<14}", "", "ratio"));
+        for (i, c) in COLUMNS.iter().enumerate() {
+            out.push_str(&format!(
+                "{:>w$}",
+                ratio(n.values[i], b.values[i]),
+                w = c.width
+            ));
         }
         out.push('\n');
     }
     out.push_str(
         "ratio = new / baseline: above 1 is better for compl/s, below 1 for the other columns\n",
     );
+    out.push_str("xR: the median of R runs per column (2/3: two of three runs finished)\n");
     out
 }
 
@@ -419,6 +487,40 @@ mod tests {
         assert_eq!(lines[5].matches("timeout").count(), 2, "{table}");
         assert!(
             lines[6].split_whitespace().skip(1).all(|c| c == "-"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn repeated_runs_show_each_columns_median_and_the_ratio_of_medians() {
+        let cell =
+            |design: &str, cps: Option<f64>, outcome: &str| run(design, 10, 10_000, cps, outcome);
+        let new = [
+            cell("new", Some(100.0), "ok"),
+            cell("new", Some(400.0), "ok"),
+            cell("new", Some(200.0), "ok"),
+        ];
+        let base = [
+            cell("baseline", Some(80.0), "ok"),
+            cell("baseline", None, "timeout: the window"),
+            cell("baseline", Some(120.0), "ok"),
+        ];
+        let table = compare(&new, &base);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[1].contains("new x3"), "{table}");
+        assert!(lines[1].contains("200.0"), "{table}");
+        assert!(lines[2].contains("baseline 2/3"), "{table}");
+        assert!(lines[2].contains("100.0"), "{table}");
+        assert!(
+            lines[3].split_whitespace().nth(1) == Some("2.00"),
+            "{table}"
+        );
+        // lease p99 = 1000 / compl/s here: a column's own median (5.00 of
+        // 10, 2.5 and 5; 10.42 of 12.5 and 8.33), not the best run's value.
+        assert!(lines[1].contains("5.00"), "{table}");
+        assert!(lines[2].contains("10.42"), "{table}");
+        assert!(
+            lines[3].split_whitespace().nth(3) == Some("0.48"),
             "{table}"
         );
     }
