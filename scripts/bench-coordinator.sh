@@ -111,19 +111,29 @@ blender -b --factory-startup --python-exit-code 2 --python tests/blender/make_sc
 coord_args=()
 for a in ${COORD_ARGS:-}; do coord_args+=("--coordinator-arg=$a"); done
 
+# Every run's files stay until the sweep ends: nothing is deleted while one
+# runs. On an ext4 volume without a journal (this kind of machine) the kernel
+# skips inodes freed in the last 60 s (300 s while their table block is
+# unwritten) when it allocates one, checking each: a run whose new files land
+# in the inode group the previous run just freed paid milliseconds per file
+# created, which doubled the coordinator's CPU and tripled lease p99 in some
+# runs of one binary and not others (`perf`: find_inode_bit/recently_deleted
+# under the blob store's file creation).
+runs="$OUT/runs"; run_n=0
+remove_runs() { rm -rf "$runs"; }
 # Runs one tessera-load command with a hard cap; appends its JSON line, or
 # one saying why there is none.
 measure() { # DESIGN CAP JSONL FALLBACK_FIELDS ARGS...
   local design="$1" cap="$2" jsonl="$3" fields="$4"; shift 4
-  local tmp="$OUT/tmp" line rc=0
+  run_n=$((run_n + 1))
+  local tmp="$runs/$run_n" line rc=0
   mkdir -p "$tmp"
   local store_args=()
   if [ "$STORE" = postgres ] && [ "$design" = new ]; then
     store_args=("--coordinator-arg=--store" "--coordinator-arg=$(pg_db)")
   fi
-  line="$(TMPDIR="$tmp" timeout -k 10 "$cap" "$load" "$@" --design "$design" --scene "$scene" \
+  line="$(TMPDIR="$tmp" timeout -k 10 "$cap" "$load" "$@" --data "$tmp/data" --design "$design" --scene "$scene" \
     "${coord_args[@]}" "${store_args[@]}" --json 2> >(tee -a "$OUT/$design.log" >&2))" || rc=$?
-  rm -rf "$tmp"
   if [ -z "$line" ]; then
     local why="error: tessera-load exited with $rc; see $OUT/$design.log"
     if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then why="timeout: the run passed its cap of $cap s"; fi
@@ -169,4 +179,5 @@ fi
   echo
   "$load" table --new "$OUT/new.jsonl" --baseline "$OUT/baseline.jsonl"
 } | tee "$OUT/table.txt"
+remove_runs
 echo "JSON lines and logs: $OUT" >&2
