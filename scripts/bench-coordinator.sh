@@ -19,6 +19,10 @@
 #                     commit on, as an unprivileged user), a fresh database per run.
 # Environment (defaults in brackets):
 #   BASELINE=REV      the design to compare with [4f84794, before the scale work]
+#   NEW=REV           measure that commit as "new" instead of this tree (to
+#                     measure one change in isolation: NEW=its last commit,
+#                     BASELINE=the commit before it); this tree's tessera-load
+#                     drives both
 #   QUICK=1           W in {10,100} x N in {10k}, recovery with 10k tasks
 #   WORKERS="..."     [10 100 1000]          TASKS="..."  [10000 100000 1000000]
 #   SLOTS=S [8]       RENDER_MS=MS [1200]    WARMUP=S [5] WINDOW=S [15]
@@ -72,6 +76,10 @@ echo "== building this tree ($PROFILE)" >&2
 cargo build -q --profile "$PROFILE" -p tessera-cli --bin tessera -p tessera-tests --bin tessera-load
 new_bin="$PWD/target/$dir/tessera"
 load="$PWD/target/$dir/tessera-load"
+if [ -n "${NEW:-}" ]; then
+  build_baseline "$NEW" "$PROFILE"
+  new_bin="$BASELINE_BIN"
+fi
 
 if [ "$STORE" = postgres ]; then
   # The baseline is this very tree on sled.
@@ -172,7 +180,9 @@ fi
   if [ "$STORE" = postgres ]; then
     echo "coordinator load benchmark: new = this tree on PostgreSQL, baseline = this tree on sled ($(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ", uncommitted changes"))"
   else
-    echo "coordinator load benchmark: new = this tree ($(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ", uncommitted changes")), baseline = $BASELINE ($short)"
+    if [ -n "${NEW:-}" ]; then new_name="$NEW (${new_bin#*bench-baseline/}"; new_name="${new_name%%/*})"
+    else new_name="this tree ($(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ", uncommitted changes"))"; fi
+    echo "coordinator load benchmark: new = $new_name, baseline = $BASELINE ($short)"
   fi
   echo "$PROFILE build, $(nproc) cores, $ROUNDS round(s) per cell, $SLOTS slots per worker, ${RENDER_MS} ms renders, window ${WINDOW} s after ${WARMUP} s warm-up; latencies in ms"
   echo "lease: Lease calls that returned a task (long-poll waits that ended empty are left out); status: GetJob with the first 1,000 tasks"

@@ -2,10 +2,13 @@
 # Shows that every acknowledged change is fsync'ed: renders a tiny job through
 # a coordinator running under strace and counts, per file, the sync calls
 # against the store commits the coordinator reports (tessera_store_commits_total).
-# Result blobs wait under blobs/tmp until the group commit that stores their
-# records: it syncs each new blob's bytes (fdatasync), moves them into place
-# and syncs their directories (fsync), or, for more than 64 blobs, takes one
-# syncfs of the blob volume for each step; uploads themselves sync nothing.
+# Result blobs wait under blobs/tmp until their Complete asks for the
+# results' group sync (one thread, one pass for every Complete waiting), which
+# syncs each new blob's bytes (fdatasync), moves them into place and syncs
+# their directories (fsync), or, for more than 64 blobs, takes one syncfs of
+# the blob volume for each step; only then is the result's change queued for
+# the group commit, which does the same for any other new blob (a scene, a
+# stitched frame) before it writes the records. Uploads themselves sync nothing.
 # sled's own flush only calls sync_file_range; the store's fsync of sled's log
 # after each group commit is what makes an acknowledgement survive a power cut.
 set -euo pipefail
@@ -45,4 +48,4 @@ grep -v resumed "$dir/strace.log" | grep -E 'fsync|sync_file_range|syncfs' \
   | sort | uniq -c | sort -rn
 echo "store commits reported by the coordinator: ${commits:-unknown}"
 echo "(the fd that sled opened is synced by its own 500 ms flusher; the other db fd is the store's fsync after every commit)"
-echo "(blobs/tmp files and blobs directories: synced by the commit that made them durable, before its records were written)"
+echo "(blobs/tmp files and blobs directories: synced by the results' group sync, or by a commit, before any record naming them was written)"

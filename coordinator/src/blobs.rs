@@ -129,6 +129,10 @@ pub struct FsBlobStore {
     /// Shared with the writers; moving a blob into place happens under this
     /// lock, so a reader that finds a blob in neither place knows it is absent.
     waiting: Arc<Mutex<HashMap<Digest, tempfile::TempPath>>>,
+    /// Held for a whole [`BlobStore::make_durable`]: two callers (the
+    /// results' sync and the group commit) never interleave, so one that
+    /// finds a blob no longer waiting knows its name is on disk too.
+    syncing: Mutex<()>,
 }
 
 impl FsBlobStore {
@@ -153,6 +157,7 @@ impl FsBlobStore {
             volume: Volume::new(root, "--blobs"),
             backend,
             waiting: Arc::default(),
+            syncing: Mutex::default(),
         })
     }
 
@@ -378,6 +383,7 @@ impl BlobStore for FsBlobStore {
     }
 
     fn make_durable(&self) -> Result<(), Error> {
+        let _one_at_a_time = self.syncing.lock().unwrap_or_else(|e| e.into_inner());
         let batch: Vec<(Digest, PathBuf)> = self
             .waiting()
             .iter()

@@ -346,6 +346,8 @@ pub struct Farm {
     config: Config,
     /// Blob collection passes, seen from outside the lock (see `gc`).
     passes: gc::Passes,
+    /// Results' blobs made durable in groups before their change is queued.
+    result_sync: txn::ResultSync,
     /// Set when this farm stops serving (its coordinator stepped down):
     /// the words parked and later calls are refused with.
     stopped: std::sync::OnceLock<String>,
@@ -399,6 +401,7 @@ impl Farm {
         }
         .start();
         state.lock().unwrap_or_else(|e| e.into_inner()).commits = Some(commits);
+        let result_sync = txn::ResultSync::start(blobs.clone());
         Ok(Self {
             state,
             stats,
@@ -406,6 +409,7 @@ impl Farm {
             store,
             blobs,
             passes: gc::Passes::default(),
+            result_sync,
             clock,
             config,
             stopped: std::sync::OnceLock::new(),
@@ -467,6 +471,15 @@ impl Farm {
     /// The coordinator's limits.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// Waits until every blob stored before the call (a result's uploads
+    /// and inline bytes) is durable, sharing one sync with every result
+    /// that asks meanwhile. Call it before reporting a result: its change
+    /// then commits without waiting for blob syncs, and neither do the
+    /// leases that share its commit.
+    pub async fn results_durable(&self) -> Result<(), Error> {
+        self.result_sync.wait().await
     }
 
     /// The blob store.

@@ -575,6 +575,9 @@ impl pb::work_server::Work for WorkService {
             .collect();
         self.farm.check_complete(&who, lease, &uploaded)?;
         inline::store(&self.farm, inline).await?;
+        if !outputs.is_empty() {
+            self.farm.results_durable().await?;
+        }
         // Completing the last tile of a frame stitches it: disk and CPU work.
         // In memory under the lock, then wait for the store without holding
         // a thread; only a stitch (disk and CPU work) goes to one.

@@ -5,11 +5,16 @@
 //! install them in memory, still under the lock, so that the order of
 //! commits is the order of changes; then drop the lock and wait for the
 //! [`Ticket`]. One committer thread takes every change queued while the
-//! previous write ran, makes the blobs uploaded meanwhile durable
-//! ([`BlobStore::make_durable`]), and writes
-//! the changes as one store transaction with one flush (and `fsync`). A caller is answered only once the write holding its
-//! change is on disk, so "acknowledged means stored" holds while hundreds
-//! of changes share one flush.
+//! previous write ran, makes any blob stored meanwhile durable
+//! ([`BlobStore::make_durable`]), and writes the changes as one store
+//! transaction with one flush (and `fsync`). A caller is answered only once
+//! the write holding its change is on disk, so "acknowledged means stored"
+//! holds while hundreds of changes share one flush.
+//!
+//! Results' blobs, the bulk of the blob syncs, are made durable earlier, in
+//! groups of their own ([`ResultSync`]), before their Complete computes its
+//! change: a lease queued beside a result then waits for the metadata flush
+//! only.
 //!
 //! Memory may run ahead of the disk by the changes in flight; readers may see
 //! them, none is acknowledged before it is stored. When a write fails, the
@@ -137,6 +142,56 @@ impl Ticket {
             }
             notified.await;
         }
+    }
+}
+
+/// One caller's wait for [`ResultSync`]: answered once a sync that
+/// started after the request has ended.
+type SyncWaiter = tokio::sync::oneshot::Sender<Result<(), Error>>;
+
+/// Makes results' blobs durable before their change is queued, in groups:
+/// one thread takes every request queued while the previous sync ran and
+/// answers them all with one [`BlobStore::make_durable`]. A Complete waits
+/// here and only then computes its change, so the group commit that stores
+/// its records finds no blob left to sync, and the leases sharing that
+/// commit wait for the metadata flush alone, not for the results'
+/// fdatasyncs. The commit's own [`BlobStore::make_durable`] still syncs any
+/// blob a change names (a scene, a stitched frame) that is not yet durable.
+pub(super) struct ResultSync(Sender<SyncWaiter>);
+
+impl ResultSync {
+    /// Starts the sync thread; it ends when the farm is dropped.
+    pub(super) fn start(blobs: Arc<dyn BlobStore>) -> Self {
+        let (tx, rx) = std::sync::mpsc::channel::<SyncWaiter>();
+        std::thread::Builder::new()
+            .name("tessera-blob-sync".into())
+            .spawn(move || {
+                while let Ok(first) = rx.recv() {
+                    let mut group = vec![first];
+                    group.extend(rx.try_iter());
+                    let result = blobs.make_durable();
+                    for w in group {
+                        let _ = w.send(result.as_ref().map_err(|e| like(e, false)).copied());
+                    }
+                }
+            })
+            .expect("the blob sync thread starts");
+        Self(tx)
+    }
+
+    /// Waits until every blob written before the call is durable.
+    pub(super) async fn wait(&self) -> Result<(), Error> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let sent = self.0.send(tx).is_ok();
+        let gone = || {
+            Error::Unavailable(
+                "the coordinator is shutting down, so the result was not stored; report it again once it is back or to another coordinator".into(),
+            )
+        };
+        if !sent {
+            return Err(gone());
+        }
+        rx.await.unwrap_or_else(|_| Err(gone()))
     }
 }
 
@@ -356,5 +411,47 @@ impl Farm {
         let ticket = self.commit(st, records);
         st.install(job, changed, now);
         ticket
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blobs::FsBlobStore;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_result_sync_puts_every_waiting_blob_in_place_before_it_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = Arc::new(FsBlobStore::open(dir.path(), 1 << 20).unwrap());
+        let blobs: Arc<dyn BlobStore> = fs.clone();
+        let sync = Arc::new(ResultSync::start(blobs.clone()));
+        let waiting = || std::fs::read_dir(dir.path().join("tmp")).unwrap().count();
+        let mut digests = Vec::new();
+        for i in 0..20u8 {
+            let bytes = vec![i; 100 + usize::from(i)];
+            let d = Digest::of(&bytes);
+            blobs.put(d, &bytes).unwrap();
+            digests.push((d, bytes));
+        }
+        assert_eq!(waiting(), 20, "an upload waits under tmp/ for a sync");
+        // Results reported at once share syncs; each answer comes only
+        // once every blob stored before its call is in place.
+        let calls: Vec<_> = (0..8)
+            .map(|_| {
+                let sync = sync.clone();
+                tokio::spawn(async move { sync.wait().await })
+            })
+            .collect();
+        for c in calls {
+            c.await.unwrap().unwrap();
+        }
+        assert_eq!(waiting(), 0, "every waiting blob was moved into place");
+        for (d, bytes) in &digests {
+            let placed = fs.path(d);
+            assert!(placed.is_file(), "{} is not in place", placed.display());
+            assert_eq!(&blobs.read(d).unwrap(), bytes);
+        }
+        // Nothing waiting: answered at once, nothing to do.
+        sync.wait().await.unwrap();
     }
 }

@@ -3,7 +3,9 @@
 //! which saves a round trip per frame. The bytes are checked against the
 //! digest and size the output claims and stored through the blob store
 //! before the result is recorded, so the rest of Complete finds them as it
-//! finds uploaded blobs; they become durable in the result's group commit.
+//! finds uploaded blobs; they become durable, with the uploads, in the
+//! results' group sync ([`Farm::results_durable`]) before the result's
+//! change is queued.
 
 use std::sync::Arc;
 
