@@ -6,7 +6,8 @@
 # so the difference is the tiling alone (including overscan and stitching),
 # then each run's phases (scripts/phases.py): set-up, Blender's start and
 # scene load, renders, results, stitch, shutdown, and each slot's idle time.
-# Usage: scripts/bench-tiles.sh [WIDTH HEIGHT SAMPLES]
+# Usage: [KEEP=DIR] scripts/bench-tiles.sh [WIDTH HEIGHT SAMPLES]
+#   KEEP=DIR keeps the scene, the logs and both frames (whole/, tiles/) in DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -14,7 +15,7 @@ ensure_blender
 ensure_rust
 
 w="${1:-1920}"; h="${2:-1080}"; s="${3:-32}"
-work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
+work="${KEEP:-$(mktemp -d)}"; [ -n "${KEEP:-}" ] || trap 'rm -rf "$work"' EXIT
 cargo build -q --release -p tessera-cli
 tessera=./target/release/tessera
 blender -b --factory-startup --python-exit-code 2 --python tests/blender/make_scene.py -- \
