@@ -76,9 +76,10 @@ echo "== building this tree ($PROFILE)" >&2
 cargo build -q --profile "$PROFILE" -p tessera-cli --bin tessera -p tessera-tests --bin tessera-load
 new_bin="$PWD/target/$dir/tessera"
 load="$PWD/target/$dir/tessera-load"
+new_name="this tree ($(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ", uncommitted changes"))"
 if [ -n "${NEW:-}" ]; then
   build_baseline "$NEW" "$PROFILE"
-  new_bin="$BASELINE_BIN"
+  new_bin="$BASELINE_BIN"; new_name="$NEW ($BASELINE_SHORT)"
 fi
 
 if [ "$STORE" = postgres ]; then
@@ -180,8 +181,6 @@ fi
   if [ "$STORE" = postgres ]; then
     echo "coordinator load benchmark: new = this tree on PostgreSQL, baseline = this tree on sled ($(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ", uncommitted changes"))"
   else
-    if [ -n "${NEW:-}" ]; then new_name="$NEW (${new_bin#*bench-baseline/}"; new_name="${new_name%%/*})"
-    else new_name="this tree ($(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ", uncommitted changes"))"; fi
     echo "coordinator load benchmark: new = $new_name, baseline = $BASELINE ($short)"
   fi
   echo "$PROFILE build, $(nproc) cores, $ROUNDS round(s) per cell, $SLOTS slots per worker, ${RENDER_MS} ms renders, window ${WINDOW} s after ${WARMUP} s warm-up; latencies in ms"

@@ -96,6 +96,12 @@ pub trait BlobStore: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Whether committed blobs wait for [`BlobStore::make_durable`] (a
+    /// local directory); when not, nobody need ask for a sync.
+    fn defers_durability(&self) -> bool {
+        false
+    }
+
     /// Whether the store answers, for a store on another machine (none for
     /// a local one).
     fn health(&self) -> Option<crate::health::StoreHealth> {
@@ -380,6 +386,10 @@ impl BlobStore for FsBlobStore {
         std::fs::metadata(path.unwrap_or_else(|| self.path(digest)))
             .ok()
             .map(|m| m.len())
+    }
+
+    fn defers_durability(&self) -> bool {
+        true
     }
 
     fn make_durable(&self) -> Result<(), Error> {

@@ -479,7 +479,7 @@ impl Farm {
     /// then commits without waiting for blob syncs, and neither do the
     /// leases that share its commit.
     pub async fn results_durable(&self) -> Result<(), Error> {
-        self.result_sync.wait().await
+        self.result_sync.request().stored().await
     }
 
     /// The blob store.

@@ -130,6 +130,9 @@ impl BlobStore for Checked<dyn BlobStore> {
         refuse_under_lock("BlobStore::make_durable");
         self.0.make_durable()
     }
+    fn defers_durability(&self) -> bool {
+        self.0.defers_durability()
+    }
     fn health(&self) -> Option<StoreHealth> {
         // In memory: the health the last request left.
         self.0.health()

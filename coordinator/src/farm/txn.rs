@@ -145,10 +145,6 @@ impl Ticket {
     }
 }
 
-/// One caller's wait for [`ResultSync`]: answered once a sync that
-/// started after the request has ended.
-type SyncWaiter = tokio::sync::oneshot::Sender<Result<(), Error>>;
-
 /// Makes results' blobs durable before their change is queued, in groups:
 /// one thread takes every request queued while the previous sync ran and
 /// answers them all with one [`BlobStore::make_durable`]. A Complete waits
@@ -157,12 +153,17 @@ type SyncWaiter = tokio::sync::oneshot::Sender<Result<(), Error>>;
 /// commit wait for the metadata flush alone, not for the results'
 /// fdatasyncs. The commit's own [`BlobStore::make_durable`] still syncs any
 /// blob a change names (a scene, a stitched frame) that is not yet durable.
-pub(super) struct ResultSync(Sender<SyncWaiter>);
+/// A store whose writes are durable when answered (S3) needs no thread.
+pub(super) struct ResultSync(Option<Sender<Arc<Slot>>>);
 
 impl ResultSync {
-    /// Starts the sync thread; it ends when the farm is dropped.
+    /// Starts the sync thread when `blobs` defers durability; it ends when
+    /// the farm is dropped.
     pub(super) fn start(blobs: Arc<dyn BlobStore>) -> Self {
-        let (tx, rx) = std::sync::mpsc::channel::<SyncWaiter>();
+        if !blobs.defers_durability() {
+            return Self(None);
+        }
+        let (tx, rx) = std::sync::mpsc::channel::<Arc<Slot>>();
         std::thread::Builder::new()
             .name("tessera-blob-sync".into())
             .spawn(move || {
@@ -170,29 +171,34 @@ impl ResultSync {
                     let mut group = vec![first];
                     group.extend(rx.try_iter());
                     let result = blobs.make_durable();
-                    for w in group {
-                        let _ = w.send(result.as_ref().map_err(|e| like(e, false)).copied());
+                    for slot in group {
+                        slot.finish(result.as_ref().map_err(|e| like(e, false)).copied());
                     }
                 }
             })
             .expect("the blob sync thread starts");
-        Self(tx)
+        Self(Some(tx))
     }
 
-    /// Waits until every blob written before the call is durable.
-    pub(super) async fn wait(&self) -> Result<(), Error> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let sent = self.0.send(tx).is_ok();
-        let gone = || {
-            Error::Unavailable(
-                "the coordinator is shutting down, so the result was not stored; report it again once it is back or to another coordinator".into(),
-            )
+    /// A ticket that says stored once every blob written before the call
+    /// is durable.
+    pub(super) fn request(&self) -> Ticket {
+        let Some(tx) = &self.0 else {
+            return Ticket::none();
         };
-        if !sent {
-            return Err(gone());
+        let done = Arc::new(Slot::default());
+        if tx.send(done.clone()).is_err() {
+            done.finish(Err(shutting_down()));
         }
-        rx.await.unwrap_or_else(|_| Err(gone()))
+        Ticket(Some(done))
     }
+}
+
+/// Why a change was not stored: the farm's threads are gone.
+fn shutting_down() -> Error {
+    Error::Unavailable(
+        "the coordinator is shutting down, so nothing was stored; try again once it is back or on another coordinator".into(),
+    )
 }
 
 /// What the committer needs to rebuild the state after a failed write.
@@ -383,9 +389,7 @@ impl Farm {
         match &st.commits {
             Some(tx) if tx.send(entry).is_ok() => Ticket(Some(done)),
             _ => {
-                done.finish(Err(Error::Unavailable(
-                    "the coordinator is shutting down, so nothing was stored; try again once it is back or on another coordinator".into(),
-                )));
+                done.finish(Err(shutting_down()));
                 Ticket(Some(done))
             }
         }
@@ -439,7 +443,7 @@ mod tests {
         let calls: Vec<_> = (0..8)
             .map(|_| {
                 let sync = sync.clone();
-                tokio::spawn(async move { sync.wait().await })
+                tokio::spawn(async move { sync.request().stored().await })
             })
             .collect();
         for c in calls {
@@ -452,6 +456,16 @@ mod tests {
             assert_eq!(&blobs.read(d).unwrap(), bytes);
         }
         // Nothing waiting: answered at once, nothing to do.
-        sync.wait().await.unwrap();
+        sync.request().stored().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_store_durable_on_write_needs_no_result_sync() {
+        let sync = ResultSync::start(Arc::new(crate::blobs::MemoryBlobStore::default()));
+        assert!(
+            sync.0.is_none(),
+            "no thread for a store with nothing to sync"
+        );
+        sync.request().stored().await.unwrap();
     }
 }
