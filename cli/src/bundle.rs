@@ -240,7 +240,7 @@ pub async fn submit(c: &mut Client, dir: &Path, args: &JobArgs, preview: bool) -
             job.scene_name
         },
         frames,
-        chunk: job.chunk.max(1),
+        chunk: job.chunk,
         priority: if args.priority != 0 {
             args.priority
         } else {

@@ -281,7 +281,8 @@ pub async fn run(cli: Cli) -> Result<()> {
                 .map_err(|s| c.explain(s))?
                 .into_inner();
             let left = j.tasks_total - j.tasks_done;
-            eprintln!("job {job} re-queued: {left} task(s) to render again");
+            let frames = j.frames_total.saturating_sub(j.frames_done);
+            eprintln!("job {job} re-queued: {frames} frame(s) in {left} task(s) to render again");
             Ok(())
         }
         Command::Blender(BlenderCommand::Install { line, runtimes }) => {

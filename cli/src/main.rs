@@ -585,9 +585,9 @@ struct JobArgs {
     /// Frames: `7`, `1-250`, `1-100x2`, `1,5,10-20` (default: the scene's frame range).
     #[arg(long)]
     frames: Option<String>,
-    /// Frames per task.
-    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
-    chunk: i64,
+    /// Frames per task (default: sized by the farm, so that a task of tiny frames carries about 2 s of work).
+    #[arg(long, allow_negative_numbers = true)]
+    chunk: Option<i64>,
     /// Higher runs first.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     priority: i32,

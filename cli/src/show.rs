@@ -104,7 +104,14 @@ pub fn job(j: &pb::JobView) {
     );
     println!(
         "  tasks     {} done, {} running, {} failed, {} total  (chunk {})",
-        j.tasks_done, j.tasks_running, j.tasks_failed, j.tasks_total, j.chunk
+        j.tasks_done,
+        j.tasks_running,
+        j.tasks_failed,
+        j.tasks_total,
+        match j.chunk {
+            0 => "sized by the farm".to_string(),
+            n => n.to_string(),
+        }
     );
     println!(
         "  priority  {}   max attempts {}",

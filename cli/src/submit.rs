@@ -77,11 +77,8 @@ pub async fn prepare(job: &JobArgs) -> Result<Prepared> {
         bail!("give the .blend scene to render (or, for `submit`, --bundle DIR)");
     };
     check_scene(&scene)?;
-    if job.chunk < 1 {
-        bail!(
-            "--chunk {} is not a frame count; use 1 or more frames per task",
-            job.chunk
-        );
+    if let Some(n) = job.chunk.filter(|&n| n < 1) {
+        bail!("--chunk {n} is not a frame count; use 1 or more frames per task, or leave it out and the farm sizes the tasks");
     }
     let grid: tessera_coordinator::model::tiles::Grid =
         job.tiles.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -146,7 +143,10 @@ pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Re
         scene_digest: uploaded.scene,
         scene_name: name,
         frames: prepared.frames,
-        chunk: u32::try_from(job.chunk).unwrap_or(u32::MAX),
+        // 0: the farm sizes the tasks.
+        chunk: job
+            .chunk
+            .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
         priority: job.priority,
         max_attempts: job.max_attempts.unwrap_or(0),
         tiles: job.tiles.clone(),

@@ -51,6 +51,7 @@ use txn::Owned;
 mod access;
 mod accounting;
 mod autoscale;
+mod chunking;
 pub mod dry_run;
 mod gc;
 mod jobs;

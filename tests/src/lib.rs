@@ -792,18 +792,28 @@ pub fn fetch_exact(
 /// `tessera submit SCENE --frames FRAMES --wait -o OUT`: asserts that it
 /// succeeded and returns what it said on standard error.
 pub fn submit_wait(url: &str, scene: &Path, frames: &str, out: &Path) -> String {
-    let submitted = cli(
-        url,
-        &[
-            "submit",
-            scene.to_str().unwrap(),
-            "--frames",
-            frames,
-            "--wait",
-            "-o",
-            out.to_str().unwrap(),
-        ],
-    );
+    submit_wait_with(url, scene, frames, out, &[])
+}
+
+/// [`submit_wait`] with more arguments for `submit`.
+pub fn submit_wait_with(
+    url: &str,
+    scene: &Path,
+    frames: &str,
+    out: &Path,
+    more: &[&str],
+) -> String {
+    let mut args = vec![
+        "submit",
+        scene.to_str().unwrap(),
+        "--frames",
+        frames,
+        "--wait",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(more);
+    let submitted = cli(url, &args);
     let stderr = String::from_utf8_lossy(&submitted.stderr).into_owned();
     assert!(submitted.status.success(), "submit failed: {stderr}");
     stderr

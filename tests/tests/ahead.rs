@@ -1,6 +1,7 @@
-//! Leasing ahead end to end: a slot leases its next task while it renders,
-//! every frame arrives, and a task leased ahead that will not run is
-//! released, never left to expire.
+//! The farm's cost per frame, end to end: a slot leases its next task
+//! while it renders, every frame arrives, and a task leased ahead that will
+//! not run is released, never left to expire; without `--chunk`, a lease
+//! of tiny frames takes several of them.
 
 use std::time::{Duration, Instant};
 
@@ -38,7 +39,8 @@ fn a_one_slot_worker_leases_its_next_task_before_the_current_one_completes() {
     let coord = Coordinator::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
     let w = worker(&coord.url, dir.path(), "a");
     let out = dir.path().join("out");
-    submit_wait(&coord.url, &scene, "1-4", &out);
+    // One task a frame, so that every task but the first is leased ahead.
+    submit_wait_with(&coord.url, &scene, "1-4", &out, &["--chunk", "1"]);
     assert_eq!(
         frames_of(&out),
         [
@@ -161,4 +163,54 @@ fn a_task_leased_ahead_is_released_when_the_worker_shuts_down() {
     });
     assert_eq!(done["state"], "done", "{done:#}\nqueued then: {queued:#}");
     assert_eq!(done["frames_done"], 6);
+}
+
+#[test]
+fn tiny_frames_are_chunked_by_the_farm_and_an_explicit_chunk_is_kept() {
+    let scene = scene(&[
+        "--kind",
+        "anim",
+        "--width",
+        "64",
+        "--height",
+        "48",
+        "--samples",
+        "4",
+        "--frames",
+        "12",
+    ]);
+    let dir = scratch();
+    let coord = Coordinator::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
+    let _w = worker(&coord.url, dir.path(), "a");
+    let out = dir.path().join("out");
+    submit_wait(&coord.url, &scene, "1-12", &out);
+    let names: Vec<String> = (1..=12).map(|f| format!("frame_{f:04}.png")).collect();
+    assert_eq!(frames_of(&out), names);
+    let refs = dir.path().join("refs");
+    reference(&scene, 1, 12, &refs);
+    assert_matches_reference(&out, &refs, 1..=12);
+    // Once a frame was measured, leases took several: fewer tasks than
+    // frames, each done, every frame counted once.
+    let sized = status(&coord.url, 1);
+    assert_eq!(sized["state"], "done", "{sized:#}");
+    assert_eq!(sized["chunk"], 0, "{sized:#}");
+    assert_eq!(sized["frames_done"], 12, "{sized:#}");
+    let tasks = sized["tasks_total"].as_u64().unwrap();
+    assert!(tasks < 12, "12 tiny frames took {tasks} tasks:\n{sized:#}");
+    assert_eq!(sized["tasks_done"], tasks, "{sized:#}");
+    let log = coord.proc.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("task leased") && l.contains("frames=[") && l.contains(", ")),
+        "no lease took more than one frame:\n{log}"
+    );
+
+    // `--chunk 1` keeps one task a frame.
+    let kept = dir.path().join("kept");
+    submit_wait_with(&coord.url, &scene, "1-12", &kept, &["--chunk", "1"]);
+    assert_eq!(frames_of(&kept), names);
+    let given = status(&coord.url, 2);
+    assert_eq!(given["state"], "done", "{given:#}");
+    assert_eq!(given["chunk"], 1, "{given:#}");
+    assert_eq!(given["tasks_total"], 12, "{given:#}");
 }

@@ -301,7 +301,9 @@ fn pause_resume_cancel_and_retry_reach_the_workers() {
     let again = cli(&coord.url, &["retry", &job.to_string()]);
     assert!(again.status.success());
     assert!(
-        String::from_utf8_lossy(&again.stderr).contains(&format!("{left} task(s) to render again"))
+        String::from_utf8_lossy(&again.stderr).contains(&format!("{left} frame(s) in ")),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
     );
     let done = wait_for(&coord.url, job, LONG, "the job to end", |j| {
         j["state"] == "done" || j["state"] == "failed"

@@ -206,7 +206,8 @@ fn a_hot_gpu_drains_its_worker_until_it_cools_and_metrics_show_it() {
         "{table}"
     );
 
-    let job = submit(&coord.url, &scene, &["--frames", "1-2"]);
+    // One task a frame, so that the queued tasks the metrics count are two.
+    let job = submit(&coord.url, &scene, &["--frames", "1-2", "--chunk", "1"]);
     // The worker's lease call, parked before the submit, is woken by the
     // ready tasks and refused; the coordinator's log below shows that no
     // task was leased until the worker was back in service.

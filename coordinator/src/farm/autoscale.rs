@@ -8,7 +8,10 @@
 //! least VRAM, tags), `desired = ceil(work / target)`, at least the tasks
 //! running now (they hold their slots until done) and at most the tasks
 //! left (a task renders on one slot). Until a task of a class has finished
-//! its mean is unknown and every remaining task counts as one slot.
+//! its mean is unknown and every remaining task counts as one slot. A job
+//! whose tasks the farm sizes (`chunking`) counts its queued frames, each
+//! at the job's mean slot-time per finished frame: its queued runs are
+//! carved into as many tasks as the slots that take them.
 
 use super::*;
 
@@ -21,7 +24,7 @@ pub struct DesiredSlots {
     pub min_vram_gb: f64,
     /// Tags, comma-separated.
     pub tags: String,
-    /// Tasks waiting for a slot.
+    /// Tasks waiting for a slot (frames, for a job whose tasks the farm sizes).
     pub queued: u64,
     /// Tasks rendering now.
     pub running: u64,
@@ -71,7 +74,7 @@ impl Farm {
                 continue;
             };
             let (queued, running) = (
-                u64::from(index.counts().queued),
+                index.ready_units(job) as u64,
                 u64::from(index.counts().leased),
             );
             let c = classes.get_mut(&key(job)).expect("every job has a class");
@@ -79,11 +82,19 @@ impl Farm {
                 .usage()
                 .mean_done_ms()
                 .or_else(|| (c.done_attempts > 0).then(|| c.done_ms / c.done_attempts));
+            // What one queued unit (a task, or a frame) takes.
+            let frames = u64::from(index.counts().frames_done);
+            let queued_mean = match job.auto_chunked() {
+                true => (frames > 0).then(|| index.usage().done_ms / frames),
+                false => mean,
+            };
             c.queued += queued;
             c.running += running;
-            match mean {
-                Some(m) => c.known_ms += u128::from(m) * u128::from(queued + running),
-                None => c.unknown += queued + running,
+            for (n, mean) in [(queued, queued_mean), (running, mean)] {
+                match mean {
+                    Some(m) => c.known_ms += u128::from(m) * u128::from(n),
+                    None => c.unknown += n,
+                }
             }
         }
         let target = u128::from(self.config.target_drain_ms.max(1));

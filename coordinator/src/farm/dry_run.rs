@@ -8,7 +8,9 @@ use super::*;
 /// What a job would be, were it submitted now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobCheck {
-    /// Tasks it would split into.
+    /// Tasks it would split into: for a job whose tasks the farm sizes
+    /// (no `chunk`), the most it could (one a frame); its leases take more
+    /// frames each once a frame is measured.
     pub tasks: u64,
     /// Frames it renders.
     pub frames: u64,
@@ -64,7 +66,11 @@ impl Farm {
             .filter(|w| self.available(&st, w, now) && capable(&job, w))
             .count() as u32;
         Ok(JobCheck {
-            tasks,
+            tasks: if job.auto_chunked() {
+                plan.frames.len() as u64
+            } else {
+                tasks
+            },
             frames: plan.frames.len() as u64,
             workers,
             waiting: self.waiting(&st, &job).unwrap_or_default(),

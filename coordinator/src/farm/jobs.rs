@@ -408,7 +408,7 @@ impl Farm {
     /// waits with no reason.
     fn unleasable(&self, st: &State, job: &Job, usable: &[&WorkerRecord]) -> Option<String> {
         let index = st.schedule.job(job.id)?;
-        if index.ready().is_empty() || index.counts().leased > 0 {
+        if index.ready().next().is_none() || index.counts().leased > 0 {
             return None;
         }
         // `usable` is what the scheduler counts as the task's takers.
@@ -421,7 +421,7 @@ impl Farm {
         }
         let ids: Vec<&str> = usable.iter().map(|w| w.id.0.as_str()).collect();
         let tasks = st.tasks.get(&job.id)?;
-        let machine = index.ready().iter().any(|&i| {
+        let machine = index.ready().any(|i| {
             tasks
                 .get(i as usize)
                 .is_some_and(|t| !t.machine_failed_on.is_empty())

@@ -80,28 +80,21 @@ impl Farm {
             return false;
         };
         let idle = st.schedule.waiting(job, &st.workers);
-        let slot_of = |j: JobId, t: u32| match st.tasks.get(&j).and_then(|l| l.get(t as usize)) {
-            Some(Task {
-                state: TaskState::Leased { worker, slot, .. },
-                ..
-            }) => Some((worker, *slot)),
-            _ => None,
-        };
         let mine = st.schedule.held_by(worker).map_or(0, |held| {
             held.iter()
-                .filter(|&&(j, t)| slot_of(j, t).is_some_and(|(_, s)| s == slot))
+                .filter(|&&(j, t)| {
+                    matches!(
+                        st.tasks.get(&j).and_then(|l| l.get(t as usize)),
+                        Some(Task { state: TaskState::Leased { slot: s, .. }, .. }) if *s == slot
+                    )
+                })
                 .count()
         });
         if mine > 2 {
             return false;
         }
-        let others: HashSet<(&WorkerId, u32)> = index
-            .leased()
-            .iter()
-            .filter_map(|&t| slot_of(id, t))
-            .filter(|&(w, s)| !(w == worker && s == slot))
-            .collect();
-        index.ready().len() > idle + others.len()
+        let others = chunking::other_slots(st, id, worker, slot);
+        index.ready_units(job) > idle + others
     }
 
     /// Leases the best task for a slot under the lock (`ahead`: for a slot
@@ -146,8 +139,16 @@ impl Farm {
         if ahead && !Self::spare(st, job_id, worker, slot) {
             return Ok(None);
         }
-        let mut task = st.tasks[&job_id][index as usize].clone();
         let mut job = st.jobs[&job_id].clone();
+        // A job sized by the farm gives this lease the first frames of the
+        // run, and keeps the rest queued as a task of its own.
+        let (mut task, rest) = match chunking::carve(st, &job, index, worker, slot) {
+            Some((head, rest)) => {
+                job.task_count = rest.index + 1;
+                (head, Some(rest))
+            }
+            None => (st.tasks[&job_id][index as usize].clone(), None),
+        };
         let lease = task.lease(worker, now, self.config.lease_ttl_ms)?;
         if let TaskState::Leased { slot: s, .. } = &mut task.state {
             *s = slot;
@@ -175,7 +176,8 @@ impl Farm {
             max_pixels: self.config.max_pixels,
             scene_python: job.requirements.scene_python(),
         };
-        let ticket = self.save(st, job, vec![task], Vec::new());
+        let changed = std::iter::once(task).chain(rest).collect();
+        let ticket = self.save(st, job, changed, Vec::new());
         Self::note_grant(st, lease, worker);
         Ok(Some((assignment, ticket)))
     }

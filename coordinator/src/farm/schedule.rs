@@ -36,8 +36,12 @@ impl Waiter {
 /// One job's indexes.
 #[derive(Debug, Default)]
 pub(super) struct JobIndex {
-    /// Queued tasks, by index.
-    ready: BTreeSet<u32>,
+    /// Queued tasks, by first frame, then index: the order they are
+    /// leased in (the index order, except that a run of frames carved by a
+    /// lease keeps its place; see `chunking`).
+    ready: BTreeSet<(u32, u32)>,
+    /// Frames of the queued tasks.
+    ready_frames: usize,
     /// Leased tasks, by index.
     leased: BTreeSet<u32>,
     /// Tasks by state.
@@ -47,9 +51,20 @@ pub(super) struct JobIndex {
 }
 
 impl JobIndex {
-    /// Queued tasks, by index.
-    pub(super) fn ready(&self) -> &BTreeSet<u32> {
-        &self.ready
+    /// Queued tasks, in the order they are leased in (see `ready`).
+    pub(super) fn ready(&self) -> impl ExactSizeIterator<Item = u32> + '_ {
+        self.ready.iter().map(|&(_, i)| i)
+    }
+
+    /// How many slots the queued tasks can serve at once: one a task, or
+    /// one a frame for a job whose leases carve their frames
+    /// ([`Job::auto_chunked`]).
+    pub(super) fn ready_units(&self, job: &Job) -> usize {
+        if job.auto_chunked() {
+            self.ready_frames
+        } else {
+            self.ready.len()
+        }
     }
 
     /// Leased tasks, by index.
@@ -82,10 +97,13 @@ impl JobIndex {
         match &t.state {
             TaskState::Queued => {
                 step(&mut c.queued, 1);
+                let key = (t.frames.first().copied().unwrap_or(0), t.index);
                 if add {
-                    self.ready.insert(t.index);
+                    self.ready.insert(key);
+                    self.ready_frames += t.frames.len();
                 } else {
-                    self.ready.remove(&t.index);
+                    self.ready.remove(&key);
+                    self.ready_frames -= t.frames.len();
                 }
             }
             TaskState::Leased { worker, .. } => {
@@ -196,7 +214,7 @@ impl Schedule {
     /// Job `id`, released by what held it back, may be leased now: it is
     /// runnable and its parked callers are woken.
     pub(super) fn release(&mut self, job: &Job, workers: &BTreeMap<WorkerId, WorkerRecord>) {
-        let ready = self.index.get(&job.id).map_or(0, |i| i.ready.len());
+        let ready = self.index.get(&job.id).map_or(0, |i| i.ready_units(job));
         if ready > 0 {
             self.runnable.insert((Reverse(job.priority), job.id));
             self.wake(job, workers, ready);
@@ -204,7 +222,8 @@ impl Schedule {
     }
 
     /// Takes a job's change into the indexes (see [`Change`]); returns
-    /// how many of its tasks became ready. [`Schedule::place`] follows.
+    /// how many of its tasks became ready (frames, for a job whose leases
+    /// carve them: see [`JobIndex::ready_units`]). [`Schedule::place`] follows.
     pub(super) fn index_change(&mut self, change: &Change<'_>) -> usize {
         let (job, id) = (change.job, change.job.id);
         if let Some(old) = change.old_job {
@@ -218,7 +237,11 @@ impl Schedule {
                 index.index(&mut self.held, old, job.is_tiled(), false);
             }
             if t.state == TaskState::Queued && old.is_none_or(|o| o.state != TaskState::Queued) {
-                newly_ready += 1;
+                newly_ready += if job.auto_chunked() {
+                    t.frames.len()
+                } else {
+                    1
+                };
             }
             if let TaskState::Leased { expires_ms, .. } = t.state {
                 self.deadlines.push(Reverse((expires_ms, id, t.index)));
@@ -240,7 +263,7 @@ impl Schedule {
         workers: &BTreeMap<WorkerId, WorkerRecord>,
     ) {
         let (job, id) = (change.job, change.job.id);
-        let ready = self.index.get(&id).map_or(0, |i| i.ready.len());
+        let ready = self.index.get(&id).map_or(0, |i| i.ready_units(job));
         let runnable =
             !job.state.is_final() && job.state != JobState::Paused && ready > 0 && !held_back;
         if runnable {

@@ -72,8 +72,7 @@ pub(super) fn first_ready(
     st.schedule
         .job(job)
         .into_iter()
-        .flat_map(|i| i.ready().iter())
-        .copied()
+        .flat_map(|i| i.ready())
         .find(|&i| {
             let t = &tasks[i as usize];
             if t.machine_failed_on.contains(worker) {

@@ -116,13 +116,21 @@ impl State {
             let id = job.id;
             let mut job = job;
             let mut list = submit::initial_tasks(&job)?;
-            for t in tasks.remove(&id).unwrap_or_default() {
+            let mut stored = tasks.remove(&id).unwrap_or_default();
+            stored.sort_by_key(|t| t.index);
+            for t in stored {
                 let i = t.index as usize;
                 if i < list.len() {
                     list[i] = t;
+                } else if i == list.len() && job.auto_chunked() {
+                    // The rest of a run a lease carved (see `chunking`).
+                    list.push(t);
                 } else {
                     tracing::error!(job = %id, task = i, "a stored task lies outside its job; ignored");
                 }
+            }
+            if job.auto_chunked() {
+                job.task_count = list.len() as u32;
             }
             // A frame queued to render again (`retry --frames`) keeps its old
             // stitched record until it is stitched anew: it counts only while

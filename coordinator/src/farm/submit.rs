@@ -20,10 +20,15 @@ pub(super) struct Plan {
 }
 
 impl Plan {
-    /// Tasks the job splits into.
+    /// Tasks the job splits into as submitted (for a job the farm sizes,
+    /// its runs of [`chunking::SPAN`] frames).
     pub(super) fn task_count(&self) -> u64 {
         if self.rects.is_empty() {
-            (self.frames.len() as u64).div_ceil(u64::from(self.chunk))
+            let per_task = match self.chunk {
+                0 => chunking::SPAN,
+                n => n,
+            };
+            (self.frames.len() as u64).div_ceil(u64::from(per_task))
         } else {
             self.frames.len() as u64 * self.rects.len() as u64
         }
@@ -38,7 +43,12 @@ impl Farm {
         self.check_output_size(sub)?;
         let frames = FrameSet::parse(&sub.frames, self.config.max_frames)
             .map_err(|e| Error::Invalid(e.to_string()))?;
-        let chunk = if sub.chunk == 0 { 1 } else { sub.chunk };
+        // 0: the farm sizes the tasks (see `chunking`), except for a job
+        // whose sample of verified tasks must stay put: one frame a task.
+        let chunk = match sub.chunk {
+            0 if sub.verify > 0.0 => 1,
+            n => n,
+        };
         let max_attempts = match sub.max_attempts {
             0 => self.config.max_attempts,
             n if n > 100 => {
@@ -285,9 +295,10 @@ impl Farm {
 }
 
 /// The tasks of `job` as it was submitted, derived from its record alone:
-/// its frame set in chunks, or each frame's tiles in grid order. The store
+/// its frame set in chunks (runs of [`chunking::SPAN`] frames when the
+/// farm sizes the tasks), or each frame's tiles in grid order. The store
 /// holds a task's record only once it changed; recovery lays stored records
-/// over these.
+/// over these, and appends the tasks that leases carved (see `chunking`).
 pub(super) fn initial_tasks(job: &Job) -> Result<Vec<Task>, Error> {
     let bad = |what: String| {
         Error::Internal(format!(
@@ -298,7 +309,10 @@ pub(super) fn initial_tasks(job: &Job) -> Result<Vec<Task>, Error> {
     let frames = FrameSet::parse(&job.frames, u64::MAX).map_err(|e| bad(e.to_string()))?;
     if !job.is_tiled() {
         return Ok(frames
-            .chunks(job.chunk.max(1))
+            .chunks(match job.auto_chunked() {
+                true => chunking::SPAN,
+                false => job.chunk.max(1),
+            })
             .into_iter()
             .enumerate()
             .map(|(i, f)| Task::new(job.id, i as u32, f))

@@ -235,7 +235,7 @@ impl Farm {
             return None;
         }
         let tasks = st.tasks.get(&job.id)?;
-        let stuck = index.ready().iter().find_map(|&i| {
+        let stuck = index.ready().find_map(|i| {
             let t = tasks.get(i as usize)?;
             let v = t.verify.as_ref().filter(|v| !v.candidates.is_empty())?;
             (!usable.iter().any(|w| may_take(job, t, w))).then_some((t, v))

@@ -65,7 +65,8 @@ pub struct Job {
     pub frames: String,
     /// How many frames the set holds.
     pub frame_count: u32,
-    /// Frames per task.
+    /// Frames per task; 0 when the farm sizes its tasks itself (submitted
+    /// without `--chunk`, see [`Job::auto_chunked`]).
     pub chunk: u32,
     /// Higher runs first.
     pub priority: i32,
@@ -174,6 +175,14 @@ impl Job {
     /// Whether frames are split into tiles.
     pub fn is_tiled(&self) -> bool {
         self.grid.count() > 1
+    }
+
+    /// Whether the farm sizes this job's tasks from its measured frame
+    /// time (submitted without `--chunk`): a lease carves its frames off
+    /// the front of a queued run of frames. Not for tiles, nor for a job
+    /// that asks for `--verify`, whose sample of tasks must stay put.
+    pub fn auto_chunked(&self) -> bool {
+        self.chunk == 0 && !self.is_tiled() && self.verify <= 0.0
     }
 
     /// Queued -> Running, on the first lease. A no-op when already running.

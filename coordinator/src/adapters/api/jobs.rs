@@ -37,7 +37,7 @@ pub struct JobCreated {
 /// The answer of `POST /api/v1/jobs/check`: what the job would be.
 #[derive(Serialize, ToSchema)]
 pub struct JobCheck {
-    /// Tasks it would split into.
+    /// Tasks it would split into (without `chunk`, the most: one a frame).
     tasks: u64,
     /// Frames it renders.
     frames: u64,
