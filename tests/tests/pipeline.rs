@@ -153,7 +153,8 @@ fn retry_frames_renders_only_those_frames_again_and_the_job_is_exact() {
     let coord = Coordinator::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
     let url = coord.url.clone();
     let _w = worker(&url, dir.path(), "w");
-    let job = submit(&url, &scene, &["--frames", "1-6"]);
+    // One frame a task (a task of several frames renders all of them again).
+    let job = submit(&url, &scene, &["--frames", "1-6", "--chunk", "1"]);
     wait_for(&url, job, LONG, "the job", |j| j["state"] == "done");
     let said = cli(&url, &["retry", &job.to_string(), "--frames", "2-3"]);
     assert!(said.status.success());

@@ -155,7 +155,8 @@ class TesseraSceneSettings(bpy.types.PropertyGroup):
     tiles: StringProperty(
         name="Tiles", default="1x1",
         description="Split every frame into COLUMNSxROWS tiles, stitched back pixel-exactly")
-    chunk: IntProperty(name="Chunk", default=1, min=1, description="Frames per task")
+    chunk: IntProperty(name="Chunk", default=0, min=0,
+                       description="Frames per task (0: sized by the farm, about 2 s of work a task)")
     priority: IntProperty(name="Priority", default=0, description="Higher runs first")
     device: EnumProperty(
         name="Device", default="ANY",
