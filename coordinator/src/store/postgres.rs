@@ -642,21 +642,18 @@ const DELETE_JOBS: &str = "DELETE FROM tessera_jobs WHERE id = ANY($1::int8[])";
 /// transaction is rolled back with whatever ran after it.
 async fn write_rows(
     client: &mut deadpool_postgres::Object,
-    rows: Rows,
+    rows: &Rows,
     epoch: i64,
-) -> Result<(), Error> {
-    let tx = client
-        .transaction()
-        .await
-        .map_err(|err| pg_error("cannot begin a transaction", err))?;
+) -> Result<(), WriteFailure> {
+    let tx = client.transaction().await.map_err(WriteFailure::Begin)?;
     let (jobs, gone_jobs) = split(&rows.jobs);
     let (archive, gone_archive) = split(&rows.archive);
     let (users, gone_users) = split(&rows.users);
     let (tj, ti, tb) = unzip3(rows.tasks.iter().map(|((j, i), b)| (*j, *i, b.clone())));
     let (sj, sf, sb) = unzip3(rows.stitched.iter().map(|((j, f), b)| (*j, *f, b.clone())));
-    let (wk, wb): (Vec<String>, Vec<String>) = rows.workers.into_iter().unzip();
+    let (wk, wb): (Vec<String>, Vec<String>) = rows.workers.clone().into_iter().unzip();
     let (uk, ub): (Vec<String>, Vec<String>) = users.into_iter().unzip();
-    let (gu, gd): (Vec<String>, Vec<String>) = rows.grants.into_iter().unzip();
+    let (gu, gd): (Vec<String>, Vec<String>) = rows.grants.iter().cloned().unzip();
     let (ak, abo): (Vec<i64>, Vec<(String, String)>) = archive.into_iter().unzip();
     let (ab, ao): (Vec<String>, Vec<String>) = abo.into_iter().unzip();
     let (jk, jb): (Vec<i64>, Vec<String>) = jobs.into_iter().unzip();
@@ -709,7 +706,41 @@ async fn write_rows(
     )?;
     tx.commit()
         .await
-        .map_err(|err| pg_error("cannot commit", err))
+        .map_err(|err| WriteFailure::Later(pg_error("cannot commit", err)))
+}
+
+/// How [`write_rows`] failed.
+enum WriteFailure {
+    /// At BEGIN: nothing was written.
+    Begin(tokio_postgres::Error),
+    /// After it (the transaction rolls back unless the commit was sent).
+    Later(Error),
+}
+
+impl WriteFailure {
+    /// Whether the server had ended the connection before BEGIN: a pooled
+    /// connection that a standby taking over ended (it ends the old
+    /// active's sessions), or that a server restart closed. Nothing was
+    /// written, so a fresh connection may try again.
+    fn ended_before_begin(&self) -> bool {
+        matches!(self, WriteFailure::Begin(e) if e.is_closed()
+            || e.code() == Some(&tokio_postgres::error::SqlState::ADMIN_SHUTDOWN))
+    }
+}
+
+impl From<WriteFailure> for Error {
+    fn from(f: WriteFailure) -> Error {
+        match f {
+            WriteFailure::Begin(err) => pg_error("cannot begin a transaction", err),
+            WriteFailure::Later(err) => err,
+        }
+    }
+}
+
+impl From<Error> for WriteFailure {
+    fn from(err: Error) -> WriteFailure {
+        WriteFailure::Later(err)
+    }
 }
 
 fn unzip3(it: impl Iterator<Item = (i64, i32, String)>) -> (Vec<i64>, Vec<i32>, Vec<String>) {
@@ -871,8 +902,19 @@ impl MetaStore for PgStore {
         let epoch = self.epoch;
         self.run("store a change", self.shared.deadline, async move {
             let mut client = Conn::get(&pool, &target).await?;
-            write_rows(&mut client, rows, epoch).await?;
-            client.keep();
+            match write_rows(&mut client, &rows, epoch).await {
+                // Once, on a fresh connection: so that the answer is the
+                // store's (fenced, say), not the ended session's.
+                Err(f) if f.ended_before_begin() => {
+                    let mut fresh = Conn::get(&pool, &target).await?;
+                    write_rows(&mut fresh, &rows, epoch).await?;
+                    fresh.keep();
+                }
+                done => {
+                    done?;
+                    client.keep();
+                }
+            }
             Ok(())
         })
     }
