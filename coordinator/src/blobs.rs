@@ -15,7 +15,7 @@
 //! nothing behind: both say [`Error::NoSpace`], naming the volume.
 //! [`MemoryBlobStore`] is the in-memory twin for unit tests.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -96,6 +96,18 @@ pub trait BlobStore: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Makes the blobs in `named` durable before a record naming them is
+    /// written, like [`BlobStore::make_durable`] (which it may call, making
+    /// others durable too); a store that can tell that none of them is
+    /// waiting for a sync answers at once, without waiting for a sync of
+    /// other blobs under way. The group commit calls it for the blobs its
+    /// records name: a batch of leases, or of results the results' sync
+    /// already made durable, never waits for the syncs of new uploads.
+    fn make_named_durable(&self, named: &[Digest]) -> Result<(), Error> {
+        let _ = named;
+        self.make_durable()
+    }
+
     /// Whether committed blobs wait for [`BlobStore::make_durable`] (a
     /// local directory); when not, nobody need ask for a sync.
     fn defers_durability(&self) -> bool {
@@ -139,6 +151,10 @@ pub struct FsBlobStore {
     /// results' sync and the group commit) never interleave, so one that
     /// finds a blob no longer waiting knows its name is on disk too.
     syncing: Mutex<()>,
+    /// Blobs moved into place whose directory is not yet synced (taken
+    /// after `waiting` when both are held): with `waiting`, what
+    /// [`BlobStore::make_named_durable`] must not take for durable.
+    unsettled: Mutex<HashSet<Digest>>,
 }
 
 impl FsBlobStore {
@@ -164,6 +180,7 @@ impl FsBlobStore {
             backend,
             waiting: Arc::default(),
             syncing: Mutex::default(),
+            unsettled: Mutex::default(),
         })
     }
 
@@ -190,6 +207,10 @@ impl FsBlobStore {
 
     fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, tempfile::TempPath>> {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn unsettled(&self) -> std::sync::MutexGuard<'_, HashSet<Digest>> {
+        self.unsettled.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Opens a blob wherever it is: waiting under `tmp/` or in place. The
@@ -392,6 +413,20 @@ impl BlobStore for FsBlobStore {
         true
     }
 
+    fn make_named_durable(&self, named: &[Digest]) -> Result<(), Error> {
+        let settled = {
+            let waiting = self.waiting();
+            let unsettled = self.unsettled();
+            !named
+                .iter()
+                .any(|d| waiting.contains_key(d) || unsettled.contains(d))
+        };
+        if settled {
+            return Ok(());
+        }
+        self.make_durable()
+    }
+
     fn make_durable(&self) -> Result<(), Error> {
         let _one_at_a_time = self.syncing.lock().unwrap_or_else(|e| e.into_inner());
         let batch: Vec<(Digest, PathBuf)> = self
@@ -399,7 +434,9 @@ impl BlobStore for FsBlobStore {
             .iter()
             .map(|(d, t)| (*d, t.to_path_buf()))
             .collect();
-        if batch.is_empty() {
+        // Names an earlier call moved into place but failed to sync.
+        let left: Vec<Digest> = self.unsettled().iter().copied().collect();
+        if batch.is_empty() && left.is_empty() {
             return Ok(());
         }
         let failed = |what: &str, e| self.volume.write_error(what.into(), e).on(&self.backend);
@@ -420,8 +457,14 @@ impl BlobStore for FsBlobStore {
         // Then the names: each moved into place (under the lock, so that a
         // reader sees it in one place or the other), then its directory.
         let mut dirs: Vec<PathBuf> = Vec::new();
+        for digest in &left {
+            let path = self.path(digest);
+            dirs.push(path.parent().expect("blob path has a parent").to_path_buf());
+            dirs.push(self.root.clone());
+        }
         {
             let mut waiting = self.waiting();
+            let mut unsettled = self.unsettled();
             for (digest, _) in &batch {
                 // Collected meanwhile: nothing to move.
                 let Some(tmp) = waiting.remove(digest) else {
@@ -441,6 +484,7 @@ impl BlobStore for FsBlobStore {
                     waiting.insert(*digest, e.path);
                     return Err(failed("cannot move a blob into place", e.error));
                 }
+                unsettled.insert(*digest);
                 dirs.push(parent.to_path_buf());
             }
         }
@@ -448,7 +492,7 @@ impl BlobStore for FsBlobStore {
         dirs.dedup();
         if whole_volume {
             self.sync_volume()
-                .map_err(|e| failed("cannot sync new blob names to disk", e))
+                .map_err(|e| failed("cannot sync new blob names to disk", e))?;
         } else {
             // Shards before the root (sorted, the root is first): a new
             // shard's entries are on disk before its name is.
@@ -456,8 +500,11 @@ impl BlobStore for FsBlobStore {
                 Self::sync_path(dir, false)
                     .map_err(|e| failed("cannot sync new blob names to disk", e))?;
             }
-            Ok(())
         }
+        // Every name moved into place so far is on disk: only this call
+        // (under `syncing`) adds to the set.
+        self.unsettled().clear();
+        Ok(())
     }
 
     fn writer(&self, digest: Digest, size: u64) -> Result<Box<dyn BlobWriter>, Error> {
@@ -676,6 +723,30 @@ mod tests {
 
     fn waiting_files(root: &Path) -> usize {
         std::fs::read_dir(root.join("tmp")).unwrap().count()
+    }
+
+    #[test]
+    fn a_record_naming_only_durable_blobs_waits_for_no_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("blobs");
+        let store = FsBlobStore::open(&root, 1 << 20).unwrap();
+        let (a, b) = (Digest::of(b"frame a"), Digest::of(b"frame b"));
+        store.put(a, b"frame a").unwrap();
+        store.make_durable().unwrap();
+        store.put(b, b"frame b").unwrap();
+        syncs();
+        store.make_named_durable(&[a]).unwrap();
+        store.make_named_durable(&[]).unwrap();
+        assert_eq!(
+            syncs(),
+            Syncs::default(),
+            "a is durable already: nothing to sync"
+        );
+        assert_eq!(waiting_files(&root), 1, "b still waits");
+        store.make_named_durable(&[a, b]).unwrap();
+        assert!(syncs().files >= 2, "b's bytes and its directory");
+        assert_eq!(std::fs::read(store.path(&b)).unwrap(), b"frame b");
+        assert_eq!(waiting_files(&root), 0);
     }
 
     #[test]

@@ -130,6 +130,10 @@ impl BlobStore for Checked<dyn BlobStore> {
         refuse_under_lock("BlobStore::make_durable");
         self.0.make_durable()
     }
+    fn make_named_durable(&self, named: &[Digest]) -> Result<(), Error> {
+        refuse_under_lock("BlobStore::make_named_durable");
+        self.0.make_named_durable(named)
+    }
     fn defers_durability(&self) -> bool {
         self.0.defers_durability()
     }

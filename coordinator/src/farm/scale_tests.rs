@@ -265,7 +265,7 @@ fn an_acknowledged_result_is_under_its_address_on_disk_with_its_record() {
     blobs.put(scene, bytes).unwrap();
     let clock = Arc::new(crate::clock::ManualClock::at(1_000_000));
     let farm = Farm::open(store, blobs.clone(), clock, super::tests::config()).unwrap();
-    let job = farm.submit(sub(scene, "1", 1)).unwrap();
+    let job = farm.submit(sub(scene, "1-2", 1)).unwrap();
     assert!(
         blobs.path(&scene).is_file(),
         "the scene went to disk with the job's record"
@@ -279,18 +279,35 @@ fn an_acknowledged_result_is_under_its_address_on_disk_with_its_record() {
         !blobs.path(&digest).exists(),
         "an upload waits for the group commit"
     );
-    let out = FrameOutput {
-        frame: 1,
+    // A change naming no waiting blob (a lease) is stored without syncing
+    // anyone's upload: it never waits for a results' sync.
+    let b = farm
+        .try_lease(&worker(&farm, "b"), &HashSet::new())
+        .unwrap()
+        .unwrap();
+    assert!(
+        !blobs.path(&digest).exists(),
+        "a lease's commit leaves the upload waiting"
+    );
+    let out = |frame: u32, digest: Digest, size: usize| FrameOutput {
+        frame,
         digest,
         ext: "png".into(),
-        size: frame.len() as u64,
+        size: size as u64,
         pass: String::new(),
     };
-    farm.complete(a.lease, vec![out]).unwrap();
-    assert_eq!(farm.job(job).unwrap().job.state, JobState::Done);
+    farm.complete(a.lease, vec![out(1, digest, frame.len())])
+        .unwrap();
     assert_eq!(
         std::fs::read(blobs.path(&digest)).unwrap(),
         frame,
         "acknowledged: the result's bytes are in place"
     );
+    let second = b"another rendered frame".to_vec();
+    let d2 = Digest::of(&second);
+    blobs.put(d2, &second).unwrap();
+    farm.complete(b.lease, vec![out(2, d2, second.len())])
+        .unwrap();
+    assert_eq!(farm.job(job).unwrap().job.state, JobState::Done);
+    assert_eq!(std::fs::read(blobs.path(&d2)).unwrap(), second);
 }

@@ -5,8 +5,9 @@
 //! install them in memory, still under the lock, so that the order of
 //! commits is the order of changes; then drop the lock and wait for the
 //! [`Ticket`]. One committer thread takes every change queued while the
-//! previous write ran, makes any blob stored meanwhile durable
-//! ([`BlobStore::make_durable`]), and writes the changes as one store
+//! previous write ran, makes the blobs its records name durable where they
+//! are not yet ([`BlobStore::make_named_durable`]; every waiting blob when
+//! a job record names a file set), and writes the changes as one store
 //! transaction with one flush (and `fsync`). A caller is answered only once
 //! the write holding its change is on disk, so "acknowledged means stored"
 //! holds while hundreds of changes share one flush.
@@ -14,7 +15,7 @@
 //! Results' blobs, the bulk of the blob syncs, are made durable earlier, in
 //! groups of their own ([`ResultSync`]), before their Complete computes its
 //! change: a lease queued beside a result then waits for the metadata flush
-//! only.
+//! only, never for a results' sync under way.
 //!
 //! Memory may run ahead of the disk by the changes in flight; readers may see
 //! them, none is acknowledged before it is stored. When a write fails, the
@@ -151,8 +152,8 @@ impl Ticket {
 /// here and only then computes its change, so the group commit that stores
 /// its records finds no blob left to sync, and the leases sharing that
 /// commit wait for the metadata flush alone, not for the results'
-/// fdatasyncs. The commit's own [`BlobStore::make_durable`] still syncs any
-/// blob a change names (a scene, a stitched frame) that is not yet durable.
+/// fdatasyncs. The commit still syncs any blob a change names (a scene, a
+/// stitched frame) that is not yet durable.
 /// A store whose writes are durable when answered (S3) needs no thread.
 pub(super) struct ResultSync(Option<Sender<Arc<Slot>>>);
 
@@ -247,9 +248,11 @@ impl Committer {
             let result = if records.is_empty() {
                 Ok(())
             } else {
-                self.blobs
-                    .make_durable()
-                    .and_then(|()| self.store.write(&records))
+                match named_blobs(&records) {
+                    Some(named) => self.blobs.make_named_durable(&named),
+                    None => self.blobs.make_durable(),
+                }
+                .and_then(|()| self.store.write(&records))
             };
             let took = started.elapsed().as_secs_f64();
             drop(records);
@@ -301,6 +304,31 @@ impl Committer {
             st,
         );
     }
+}
+
+/// The blobs `records` name directly, which must be durable before they
+/// are written; `None` when one names blobs through something else (a
+/// job's scene and file set, whose list is a blob itself, or an archive's
+/// summary): then every waiting blob is made durable.
+fn named_blobs(records: &[Record<'_>]) -> Option<Vec<Digest>> {
+    let mut named = Vec::new();
+    for r in records {
+        match r {
+            Record::Task(t) => {
+                if let TaskState::Done { outputs } = &t.state {
+                    named.extend(outputs.iter().map(|o| o.digest));
+                }
+                for c in t.verify.iter().flat_map(|v| &v.candidates) {
+                    named.extend(c.outputs.iter().map(|o| o.digest));
+                }
+            }
+            Record::Stitched(_, o) => named.push(o.digest),
+            Record::Grant(_, d) => named.push(*d),
+            Record::Worker(_) | Record::User(_) | Record::RemoveUser(_) | Record::Delete(_) => {}
+            Record::Job(_) | Record::Archive(_) => return None,
+        }
+    }
+    Some(named)
 }
 
 /// Makes memory equal the store again, keeping what is not stored
