@@ -63,6 +63,10 @@ pub struct Recorder {
     pub empty_leases: AtomicU64,
     /// Acknowledged Complete calls.
     pub complete: Timings,
+    /// Results from the render's end to their Complete acknowledged, the
+    /// upload included: the same work whether a result travels inside
+    /// Complete or by PutBlob first.
+    pub result: Timings,
     /// Progress calls.
     pub progress: Timings,
     /// Result uploads.
@@ -258,6 +262,7 @@ impl FakeWorker {
             }
         }
         tokio::time::sleep_until(done_at).await;
+        let rendered = Instant::now();
         let mut outputs = Vec::new();
         for &frame in &task.frames {
             match self.upload_result(&task, frame, cfg, rec).await {
@@ -279,6 +284,7 @@ impl FakeWorker {
         match answer {
             Ok(_) => {
                 rec.complete.record(start);
+                rec.result.record(rendered);
                 rec.ack(Acked {
                     job: task.job_id,
                     task: task.task_index,

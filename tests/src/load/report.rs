@@ -42,6 +42,11 @@ pub struct Report {
     pub complete_p50_ms: Option<f64>,
     /// Complete latency (acknowledged calls).
     pub complete_p99_ms: Option<f64>,
+    /// A result from the render's end to its Complete acknowledged, the
+    /// upload included (comparable across inline results and PutBlob).
+    pub result_p50_ms: Option<f64>,
+    /// A result from the render's end to its Complete acknowledged.
+    pub result_p99_ms: Option<f64>,
     /// Result upload latency (none when every result went inline).
     pub put_blob_p99_ms: Option<f64>,
     /// Results sent inside their Complete call (whole run), not uploaded.
@@ -150,6 +155,12 @@ const COLUMNS: &[Column] = &[
         width: 11,
         decimals: 2,
         get: |r| r.complete_p99_ms,
+    },
+    Column {
+        name: "result p99",
+        width: 12,
+        decimals: 2,
+        get: |r| r.result_p99_ms,
     },
     Column {
         name: "status p99",

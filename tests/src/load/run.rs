@@ -211,6 +211,9 @@ async fn measure(
     let complete = rec.complete.window(w0, w1);
     report.complete_p50_ms = complete.percentile_ms(50.0);
     report.complete_p99_ms = complete.percentile_ms(99.0);
+    let result = rec.result.window(w0, w1);
+    report.result_p50_ms = result.percentile_ms(50.0);
+    report.result_p99_ms = result.percentile_ms(99.0);
     report.put_blob_p99_ms = rec.put_blob.window(w0, w1).percentile_ms(99.0);
     report.inline_results = Some(
         rec.inline_results
