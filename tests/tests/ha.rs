@@ -149,7 +149,7 @@ fn the_standby_takes_over_when_the_active_is_killed_and_the_job_finishes_exactly
     let env = [("TESSERA_TOKEN", worker_token.as_str())];
     let wa = worker_env(&both, dir.path(), "wa", &[], &env);
     let wb = worker_env(&both, dir.path(), "wb", &[], &env);
-    let job = submit(&both, &scene, &["--frames", "1-6"]);
+    let job = submit(&both, &scene, &["--frames", "1-6", "--chunk", "1"]);
     let before = wait_for(&both, job, LONG, "two frames", |j| {
         j["frames_done"].as_u64().unwrap() >= 2
     });
@@ -436,7 +436,7 @@ fn cut_between_active_and_postgres(
     cut: &dyn Fn(),
     heal: &dyn Fn(),
 ) {
-    let job = submit(&pair.both, scene, &["--frames", "1-6"]);
+    let job = submit(&pair.both, scene, &["--frames", "1-6", "--chunk", "1"]);
     let before = wait_for(&pair.both, job, LONG, "two frames", |j| {
         j["frames_done"].as_u64().unwrap() >= 2
     });
@@ -575,7 +575,7 @@ fn postgres_restarting_mid_job_fast_or_immediate_stops_neither_coordinator() {
     let dir = scratch();
     let scene = scene(&["--kind", "anim", "--frames", "8", "--samples", "128"]);
     let mut pair = Pair::start(dir.path(), None, &pg.url(), &pg.url());
-    let job = submit(&pair.both, &scene, &["--frames", "1-6"]);
+    let job = submit(&pair.both, &scene, &["--frames", "1-6", "--chunk", "1"]);
     for (mode, frames) in [("fast", 1), ("immediate", 3)] {
         let before = wait_for(&pair.both, job, LONG, "frames", |j| {
             j["frames_done"].as_u64().unwrap() >= frames
@@ -715,7 +715,7 @@ fn s3_killed_mid_job_and_started_again_loses_no_frame_and_says_it_is_down() {
     // Eight frames on two one-slot workers: each slot renders one and
     // holds one leased ahead, so tasks are still queued for a worker that
     // joins during the outage.
-    let job = submit(&coord.url, &scene, &["--frames", "1-8"]);
+    let job = submit(&coord.url, &scene, &["--frames", "1-8", "--chunk", "1"]);
     let before = wait_for(&coord.url, job, LONG, "a frame", |j| {
         j["frames_done"].as_u64().unwrap() >= 1
     });

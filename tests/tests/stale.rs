@@ -143,7 +143,7 @@ fn a_worker_whose_coordinator_goes_silent_moves_to_the_new_active_and_its_render
     // One worker: every task it renders reaches B only if the worker moves.
     let env = [("TESSERA_TOKEN", worker_token.as_str())];
     let mut w = worker_env(&via_proxy, dir.path(), "w", &[], &env);
-    let job = submit(&both, &scene, &["--frames", "1-4"]);
+    let job = submit(&both, &scene, &["--frames", "1-4", "--chunk", "1"]);
     let before = wait_for(&both, job, LONG, "a frame done and one in flight", |j| {
         j["frames_done"].as_u64().unwrap() >= 1 && j["tasks_running"].as_u64().unwrap() >= 1
     });
