@@ -103,8 +103,7 @@ pub trait BlobStore: Send + Sync + 'static {
     /// other blobs under way. The group commit calls it for the blobs its
     /// records name: a batch of leases, or of results the results' sync
     /// already made durable, never waits for the syncs of new uploads.
-    fn make_named_durable(&self, named: &[Digest]) -> Result<(), Error> {
-        let _ = named;
+    fn make_named_durable(&self, _named: &[Digest]) -> Result<(), Error> {
         self.make_durable()
     }
 
@@ -456,10 +455,17 @@ impl BlobStore for FsBlobStore {
         }
         // Then the names: each moved into place (under the lock, so that a
         // reader sees it in one place or the other), then its directory.
-        let mut dirs: Vec<PathBuf> = Vec::new();
-        for digest in &left {
-            let path = self.path(digest);
-            dirs.push(path.parent().expect("blob path has a parent").to_path_buf());
+        let mut dirs: Vec<PathBuf> = left
+            .iter()
+            .map(|d| {
+                self.path(d)
+                    .parent()
+                    .expect("blob path has a parent")
+                    .to_path_buf()
+            })
+            .collect();
+        if !left.is_empty() {
+            // Their shards may be new too.
             dirs.push(self.root.clone());
         }
         {

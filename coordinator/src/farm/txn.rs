@@ -309,7 +309,11 @@ impl Committer {
 /// The blobs `records` name directly, which must be durable before they
 /// are written; `None` when one names blobs through something else (a
 /// job's scene and file set, whose list is a blob itself, or an archive's
-/// summary): then every waiting blob is made durable.
+/// summary): then every waiting blob is made durable. A job record is
+/// rewritten by more than its submit (its first lease, a carving lease of a
+/// job sized by the farm, a stitched frame), so such a batch still waits
+/// for a results' sync under way; telling a rewrite that names no new blob
+/// from a submit would need the farm to mark it.
 fn named_blobs(records: &[Record<'_>]) -> Option<Vec<Digest>> {
     let mut named = Vec::new();
     for r in records {
