@@ -84,7 +84,7 @@ pub use pipeline::JobUpdate;
 pub use previews::PreviewWork;
 pub use results::PendingResult;
 pub use stats::{Latency, Stats, DURATION_BUCKETS, LATENCY_BUCKETS};
-pub use txn::Ticket;
+pub use txn::{Carried, Ticket};
 pub use views::{FrameTiles, JobSnapshot, Page};
 
 /// Limits and timings of a coordinator.
@@ -474,13 +474,31 @@ impl Farm {
         &self.config
     }
 
-    /// Waits until every blob stored before the call (a result's uploads
-    /// and inline bytes) is durable, sharing one sync with every result
-    /// that asks meanwhile. Call it before reporting a result: its change
-    /// then commits without waiting for blob syncs, and neither do the
-    /// leases that share its commit.
-    pub async fn results_durable(&self) -> Result<(), Error> {
-        self.result_sync.request().stored().await
+    /// Stores the files a result carries (each checked against its digest;
+    /// none is stored when one is refused), then waits until they and every
+    /// blob stored before the call (a result's uploads) are durable, sharing
+    /// one sync with every result that asks meanwhile. Call it before
+    /// reporting a result: its change then commits without waiting for blob
+    /// syncs, and neither do the leases that share its commit.
+    pub async fn results_durable(&self, carried: Vec<Carried>) -> Result<(), Error> {
+        if !carried.is_empty() {
+            // A result naming them follows at once: keep them from the
+            // collector, and wait out a pass deleting one of them, as
+            // PutBlob does.
+            let digests: Vec<Digest> = carried.iter().map(|c| c.digest).collect();
+            self.touch_blobs(&digests).await;
+        }
+        match self.result_sync.request(carried) {
+            Ok(ticket) => ticket.stored().await,
+            Err(carried) if carried.is_empty() => Ok(()),
+            // Durable on write (S3): stored off the runtime, then done.
+            Err(carried) => {
+                let blobs = self.blobs.clone();
+                tokio::task::spawn_blocking(move || txn::store_carried(&*blobs, &carried))
+                    .await
+                    .map_err(|e| Error::Internal(format!("storing a result's files: {e}")))?
+            }
+        }
     }
 
     /// The blob store.

@@ -574,9 +574,8 @@ impl pb::work_server::Work for WorkService {
             .cloned()
             .collect();
         self.farm.check_complete(&who, lease, &uploaded)?;
-        inline::store(&self.farm, inline).await?;
         if !outputs.is_empty() {
-            self.farm.results_durable().await?;
+            self.farm.results_durable(inline).await?;
         }
         // Completing the last tile of a frame stitches it: disk and CPU work.
         // In memory under the lock, then wait for the store without holding

@@ -3,18 +3,16 @@
 //! which saves a round trip per frame. The bytes are checked against the
 //! digest and size the output claims and stored through the blob store
 //! before the result is recorded, so the rest of Complete finds them as it
-//! finds uploaded blobs; they become durable, with the uploads, in the
-//! results' group sync ([`Farm::results_durable`]) before the result's
-//! change is queued.
-
-use std::sync::Arc;
+//! finds uploaded blobs: stored by the results' sync thread and made
+//! durable there, with the uploads, in one group sync
+//! ([`Farm::results_durable`](crate::farm::Farm::results_durable)) before
+//! the result's change is queued.
 
 use tessera_proto as pb;
-use tonic::Status;
 
 use crate::digest::Digest;
 use crate::error::Error;
-use crate::farm::Farm;
+use crate::farm::Carried;
 
 /// The largest result file accepted inline, in bytes (advertised in
 /// `RegisterResponse.inline_result_max`). Small frames (tiles, previews,
@@ -27,36 +25,12 @@ pub const INLINE_RESULT_MAX: u64 = 256 << 10;
 /// messages this much larger than `--max-message-mib`.
 pub const INLINE_COMPLETE_MAX: u64 = 2 << 20;
 
-/// One output's inline bytes, taken out of the request.
-#[derive(Debug)]
-pub struct Inline {
-    /// What the error messages call it: `frame 7`, or `frame 7 (pass X)`.
-    what: String,
-    /// The digest the output claims.
-    digest: Digest,
-    bytes: Vec<u8>,
-}
-
-impl Inline {
-    /// Whether the bytes are the ones the output claims.
-    fn verify(&self) -> Result<(), Error> {
-        let got = Digest::of(&self.bytes);
-        if got == self.digest {
-            Ok(())
-        } else {
-            Err(Error::invalid(format!(
-                "{}: the bytes sent inline hash to {got}, not to the claimed digest {}; report the blake3 digest of the bytes sent",
-                self.what, self.digest
-            )))
-        }
-    }
-}
-
 /// Takes the inline bytes out of `outputs` (leaving them as outputs naming
 /// blobs), refusing any over [`INLINE_RESULT_MAX`], all of them over
 /// [`INLINE_COMPLETE_MAX`], or bytes whose length is not the claimed size.
-/// Their digests are checked by [`store`], off the runtime.
-pub fn take(outputs: &mut [pb::FrameOutput]) -> Result<Vec<Inline>, Error> {
+/// Their digests are checked where they are stored, off the runtime
+/// ([`Farm::results_durable`](crate::farm::Farm::results_durable)).
+pub fn take(outputs: &mut [pb::FrameOutput]) -> Result<Vec<Carried>, Error> {
     let mut inline = Vec::new();
     let mut total = 0u64;
     for o in outputs.iter_mut() {
@@ -86,7 +60,7 @@ pub fn take(outputs: &mut [pb::FrameOutput]) -> Result<Vec<Inline>, Error> {
             )));
         }
         let digest = crate::adapters::convert::digest("digest", &o.digest)?;
-        inline.push(Inline {
+        inline.push(Carried {
             what,
             digest,
             bytes,
@@ -96,33 +70,8 @@ pub fn take(outputs: &mut [pb::FrameOutput]) -> Result<Vec<Inline>, Error> {
 }
 
 /// The digests of `inline`, whose bytes prove their sender holds them.
-pub fn digests(inline: &[Inline]) -> Vec<Digest> {
+pub fn digests(inline: &[Carried]) -> Vec<Digest> {
     inline.iter().map(|i| i.digest).collect()
-}
-
-/// Checks every inline result's bytes against its digest, then stores them
-/// all through the farm's blob store (off the runtime, without the farm's
-/// lock); nothing is stored when any is refused. Call it once the caller
-/// may report the result.
-pub async fn store(farm: &Arc<Farm>, inline: Vec<Inline>) -> Result<(), Status> {
-    if inline.is_empty() {
-        return Ok(());
-    }
-    super::blocking(farm, move |f| {
-        for i in &inline {
-            i.verify()?;
-        }
-        // A result naming them follows at once: keep them from the
-        // collector, and wait out a pass deleting one of them, as PutBlob
-        // does.
-        f.touch_blobs_blocking(&digests(&inline));
-        for i in &inline {
-            f.blobs().put(i.digest, &i.bytes)?;
-            tracing::debug!(digest = %i.digest, size = i.bytes.len(), "{} stored inline", i.what);
-        }
-        Ok(())
-    })
-    .await
 }
 
 #[cfg(test)]
