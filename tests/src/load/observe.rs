@@ -39,9 +39,78 @@ impl Observed {
     }
 }
 
+/// The watchers on a thread and runtime of their own, as an operator's
+/// `tessera status` and a Prometheus server are processes of their own: on
+/// the fleet's runtime their calls would wait behind thousands of fake
+/// slots' tasks in this process, and the figures would say more of the load
+/// generator than of the coordinator.
+pub struct Watchers {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watchers {
+    /// Starts polling `job`'s status and scraping `/metrics`.
+    pub fn start(
+        target: Target,
+        job: u64,
+        pause: Duration,
+        every: Duration,
+        limit: Duration,
+        seen: std::sync::Arc<Observed>,
+    ) -> Result<Self, LoadError> {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| LoadError::io("starting the watchers' runtime", e))?;
+        let thread = std::thread::Builder::new()
+            .name("load-watchers".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    let both = async {
+                        tokio::join!(
+                            poll_status(target.clone(), job, pause, limit, seen.clone()),
+                            scrape_every(target, every, limit, seen),
+                        )
+                    };
+                    tokio::select! {
+                        _ = both => {}
+                        _ = stopped => {}
+                    }
+                });
+            })
+            .map_err(|e| LoadError::io("starting the watchers' thread", e))?;
+        Ok(Self {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops both watchers and waits for their thread.
+    pub fn stop(mut self) {
+        self.halt();
+    }
+
+    fn halt(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Watchers {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
 /// Polls `ListJobs` then `GetJob(job)` over and over, `pause` apart, each
 /// call allowed `limit`; runs until aborted.
-pub async fn poll_status(
+async fn poll_status(
     target: Target,
     job: u64,
     pause: Duration,
@@ -82,7 +151,7 @@ pub async fn poll_status(
 }
 
 /// Scrapes `/metrics` every `every` (the first at once); runs until aborted.
-pub async fn scrape_every(
+async fn scrape_every(
     target: Target,
     every: Duration,
     limit: Duration,

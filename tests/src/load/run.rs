@@ -10,8 +10,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::task::JoinSet;
-
 use super::fake_worker::{Fleet, FleetConfig, Recorder};
 use super::observe::{self, Observed};
 use super::process::{proc_stat, CoordinatorProcess, ProcStat};
@@ -151,20 +149,14 @@ async fn measure(
     report.rss_after_submit_mib = stat(pid).map(|s| mib(s.rss));
 
     let seen = Arc::new(Observed::default());
-    let mut watchers = JoinSet::new();
-    watchers.spawn(observe::poll_status(
+    let watchers = observe::Watchers::start(
         target.clone(),
         job,
         cfg.status_pause,
-        cfg.call_timeout,
-        seen.clone(),
-    ));
-    watchers.spawn(observe::scrape_every(
-        target.clone(),
         cfg.metrics_every,
         cfg.call_timeout,
         seen.clone(),
-    ));
+    )?;
     let fleet_cfg = FleetConfig {
         workers: cfg.workers,
         slots: cfg.slots,
@@ -196,7 +188,7 @@ async fn measure(
         observe::scrape_into(url, &target.admin_token, cfg.call_timeout, &seen).await;
     }
     let rec = fleet.stop().await;
-    watchers.shutdown().await;
+    watchers.stop();
 
     let secs = (w1 - w0).as_secs_f64();
     let completions = rec.acked_between(w0, w1) as u64;
