@@ -26,6 +26,9 @@
 #   QUICK=1           W in {10,100} x N in {10k}, recovery with 10k tasks
 #   WORKERS="..."     [10 100 1000]          TASKS="..."  [10000 100000 1000000]
 #   SLOTS=S [8]       RENDER_MS=MS [1200]    WARMUP=S [5] WINDOW=S [15]
+#   JITTER=F [0]      spread of the fake renders, a fraction of RENDER_MS (at
+#                     0 the slots that start together stay in step and call
+#                     in waves; 0.2 draws each render from 0.8x to 1.2x)
 #   ROUNDS=R [1]      runs per design and cell, alternating the designs; the
 #                     table shows each column's median (low-load latencies
 #                     swing by 2x between runs of one binary: take R >= 3)
@@ -60,7 +63,7 @@ if [ "${QUICK:-0}" = 1 ]; then
 else
   WORKERS="${WORKERS:-10 100 1000}"; TASKS="${TASKS:-10000 100000 1000000}"; RECOVERY_TASKS="${RECOVERY_TASKS:-1000000}"
 fi
-ROUNDS="${ROUNDS:-1}"; SLOTS="${SLOTS:-8}"; RENDER_MS="${RENDER_MS:-1200}"; WARMUP="${WARMUP:-5}"; WINDOW="${WINDOW:-15}"
+ROUNDS="${ROUNDS:-1}"; SLOTS="${SLOTS:-8}"; RENDER_MS="${RENDER_MS:-1200}"; JITTER="${JITTER:-0}"; WARMUP="${WARMUP:-5}"; WINDOW="${WINDOW:-15}"
 SUBMIT_TIMEOUT="${SUBMIT_TIMEOUT:-120}"; SETUP_TIMEOUT="${SETUP_TIMEOUT:-120}"; RECOVERY_TIMEOUT="${RECOVERY_TIMEOUT:-120}"
 OUT="${OUT:-target/bench-coordinator/$(date +%Y%m%d-%H%M%S)}"
 case "$PROFILE" in
@@ -154,14 +157,14 @@ measure() { # DESIGN CAP JSONL FALLBACK_FIELDS ARGS...
 
 : >"$OUT/new.jsonl"; : >"$OUT/baseline.jsonl"
 cap=$(( SUBMIT_TIMEOUT + SETUP_TIMEOUT + ${WARMUP%.*} + ${WINDOW%.*} + 60 ))
-echo "== sweep: W in {$WORKERS} x N in {$TASKS}, $SLOTS slots, ${RENDER_MS} ms renders, ${WARMUP} s warm-up, ${WINDOW} s window, $ROUNDS round(s)" >&2
+echo "== sweep: W in {$WORKERS} x N in {$TASKS}, $SLOTS slots, ${RENDER_MS} ms renders (jitter $JITTER), ${WARMUP} s warm-up, ${WINDOW} s window, $ROUNDS round(s)" >&2
 for n in $TASKS; do
   for w in $WORKERS; do
     # The two designs back to back, so a busy moment of the machine falls on both.
     for _ in $(seq "$ROUNDS"); do for design in new baseline; do
       bin="$new_bin"; [ "$design" = baseline ] && bin="$base_bin"
       measure "$design" "$cap" "$OUT/$design.jsonl" "\"workers\":$w,\"slots\":$SLOTS,\"tasks\":$n" \
-        run --tessera "$bin" -w "$w" -s "$SLOTS" -n "$n" --render-ms "$RENDER_MS" \
+        run --tessera "$bin" -w "$w" -s "$SLOTS" -n "$n" --render-ms "$RENDER_MS" --render-jitter "$JITTER" \
         --warmup "$WARMUP" --window "$WINDOW" --submit-timeout "$SUBMIT_TIMEOUT" --setup-timeout "$SETUP_TIMEOUT"
     done; done
   done
@@ -183,7 +186,7 @@ fi
   else
     echo "coordinator load benchmark: new = $new_name, baseline = $BASELINE ($short)"
   fi
-  echo "$PROFILE build, $(nproc) cores, $ROUNDS round(s) per cell, $SLOTS slots per worker, ${RENDER_MS} ms renders, window ${WINDOW} s after ${WARMUP} s warm-up; latencies in ms"
+  echo "$PROFILE build, $(nproc) cores, $ROUNDS round(s) per cell, $SLOTS slots per worker, ${RENDER_MS} ms renders (jitter $JITTER), window ${WINDOW} s after ${WARMUP} s warm-up; latencies in ms"
   echo "lease: Lease calls that returned a task (long-poll waits that ended empty are left out); status: GetJob with the first 1,000 tasks"
   echo
   "$load" table --new "$OUT/new.jsonl" --baseline "$OUT/baseline.jsonl"

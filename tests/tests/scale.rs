@@ -56,6 +56,7 @@ fn survives_a_sigkill_mid_burst(uploaded: bool) {
             workers: 50,
             slots: 2,
             render: Duration::ZERO,
+            render_jitter: 0.0,
             progress_every: Duration::from_secs(1),
             lease_wait: Duration::from_secs(2),
             scene: digest,

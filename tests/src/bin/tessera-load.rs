@@ -101,6 +101,12 @@ struct RunArgs {
     /// Fake render time per task, in milliseconds (Progress goes every second of it).
     #[arg(long, default_value_t = 200)]
     render_ms: u64,
+    /// Spread of the fake render times, a fraction of --render-ms: each
+    /// render takes a time drawn evenly from render-ms x (1 +- this). At 0
+    /// every slot renders exactly as long, so slots that start together
+    /// stay in step and call the coordinator in waves; real frames differ.
+    #[arg(long, default_value_t = 0.0)]
+    render_jitter: f64,
     /// Seconds of load before the window (ends early at 10% of the tasks done).
     #[arg(long, default_value_t = 5.0)]
     warmup: f64,
@@ -132,6 +138,17 @@ struct RecoverArgs {
     /// Seconds from the restart to the first lease before it is a timeout.
     #[arg(long, default_value_t = 120.0)]
     recovery_timeout: f64,
+}
+
+/// `--render-jitter`, checked: a fraction from 0 to 0.9.
+fn jitter(f: f64) -> Result<f64, LoadError> {
+    if (0.0..=0.9).contains(&f) {
+        Ok(f)
+    } else {
+        Err(LoadError::Coordinator(format!(
+            "--render-jitter {f}: give a fraction of the render time from 0 to 0.9 (e.g. 0.2 for +-20 %)"
+        )))
+    }
 }
 
 fn secs(s: f64, what: &str) -> Result<Duration, LoadError> {
@@ -179,6 +196,7 @@ async fn run_cmd(a: RunArgs) -> Result<(), LoadError> {
         slots: a.slots.max(1),
         tasks: a.tasks.max(1),
         render: Duration::from_millis(a.render_ms),
+        render_jitter: jitter(a.render_jitter)?,
         lease_wait: Duration::from_millis(a.lease_wait_ms),
         warmup: secs(a.warmup, "--warmup")?,
         window: secs(a.window, "--window")?,

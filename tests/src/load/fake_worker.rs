@@ -25,6 +25,9 @@ pub struct FleetConfig {
     pub slots: u32,
     /// The fake render time of a task.
     pub render: Duration,
+    /// Spread of the render times: each takes `render` x (1 + u x this),
+    /// u drawn evenly from -1 to 1 per task (0: all exactly `render`).
+    pub render_jitter: f64,
     /// Between Progress calls while rendering.
     pub progress_every: Duration,
     /// How long a Lease may wait for a task (`wait_ms`).
@@ -204,6 +207,7 @@ impl FakeWorker {
     /// Runs slot `slot` until the task running it is aborted.
     pub async fn run_slot(self, slot: u32, cfg: Arc<FleetConfig>, rec: Arc<Recorder>) {
         let mut backoff = Duration::from_millis(50);
+        let mut draws = Draws::new(&self.id, slot);
         loop {
             let req = pb::LeaseRequest {
                 worker_id: self.id.clone(),
@@ -220,7 +224,8 @@ impl FakeWorker {
                     match r.into_inner().task {
                         Some(task) => {
                             rec.lease.record(start);
-                            self.render(task, &cfg, &rec).await;
+                            let took = draws.render_time(cfg.render, cfg.render_jitter);
+                            self.render(task, took, &cfg, &rec).await;
                         }
                         None => {
                             rec.empty_leases.fetch_add(1, Ordering::Relaxed);
@@ -237,9 +242,15 @@ impl FakeWorker {
     }
 
     /// Works on one leased task: progress while "rendering", then a result.
-    async fn render(&self, task: pb::TaskAssignment, cfg: &FleetConfig, rec: &Recorder) {
+    async fn render(
+        &self,
+        task: pb::TaskAssignment,
+        took: Duration,
+        cfg: &FleetConfig,
+        rec: &Recorder,
+    ) {
         let mut work = self.work.clone();
-        let done_at = tokio::time::Instant::now() + cfg.render;
+        let done_at = tokio::time::Instant::now() + took;
         let mut next = tokio::time::Instant::now() + cfg.progress_every;
         while next < done_at {
             tokio::time::sleep_until(next).await;
@@ -408,5 +419,60 @@ impl Fleet {
     pub async fn stop(mut self) -> Arc<Recorder> {
         self.slots.shutdown().await;
         self.recorder
+    }
+}
+
+/// A slot's render times: a small generator (xorshift64*) seeded from the
+/// worker and slot, so a run's draws repeat and slots differ.
+struct Draws(u64);
+
+impl Draws {
+    fn new(worker: &str, slot: u32) -> Self {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (worker, slot).hash(&mut h);
+        Self(h.finish() | 1)
+    }
+
+    /// Evenly from 0 to 1.
+    fn unit(&mut self) -> f64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// `render` x (1 + u x `jitter`), u evenly from -1 to 1.
+    fn render_time(&mut self, render: Duration, jitter: f64) -> Duration {
+        if jitter <= 0.0 {
+            return render;
+        }
+        render.mul_f64(1.0 + jitter * (2.0 * self.unit() - 1.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_times_spread_evenly_within_the_jitter() {
+        let render = Duration::from_millis(1000);
+        let mut d = Draws::new("w", 3);
+        let times: Vec<f64> = (0..10_000)
+            .map(|_| d.render_time(render, 0.2).as_secs_f64())
+            .collect();
+        assert!(
+            times.iter().all(|&t| (0.8..=1.2).contains(&t)),
+            "out of range"
+        );
+        let mean = times.iter().sum::<f64>() / times.len() as f64;
+        assert!((mean - 1.0).abs() < 0.01, "mean {mean}");
+        let low = times.iter().filter(|&&t| t < 0.9).count();
+        assert!((2_000..3_000).contains(&low), "{low} of 10,000 below 0.9 s");
+        assert_eq!(Draws::new("w", 0).render_time(render, 0.0), render);
+        assert_ne!(Draws::new("w", 0).unit(), Draws::new("w", 1).unit());
     }
 }

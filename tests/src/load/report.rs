@@ -18,6 +18,9 @@ pub struct Report {
     pub tasks: u32,
     /// Fake render time per task.
     pub render_ms: u64,
+    /// Spread of the render times, a fraction of `render_ms`.
+    #[serde(default)]
+    pub render_jitter: f64,
     /// `ok`, `timeout: STEP` or `error: MESSAGE`.
     pub outcome: String,
     /// Seconds the `SubmitJob` of the whole job took.

@@ -41,6 +41,9 @@ pub struct RunConfig {
     pub tasks: u32,
     /// Fake render time per task.
     pub render: Duration,
+    /// Spread of the render times, a fraction of `render` (see
+    /// [`FleetConfig::render_jitter`]).
+    pub render_jitter: f64,
     /// How long a Lease may wait for a task.
     pub lease_wait: Duration,
     /// Load before the window opens (it ends early once 10% of the tasks are done).
@@ -72,6 +75,7 @@ impl Default for RunConfig {
             slots: 2,
             tasks: 10_000,
             render: Duration::from_millis(200),
+            render_jitter: 0.0,
             lease_wait: Duration::from_secs(15),
             warmup: Duration::from_secs(5),
             window: Duration::from_secs(15),
@@ -96,6 +100,7 @@ pub async fn run(target: &Target, pid: Option<u32>, scene: Vec<u8>, cfg: &RunCon
         slots: cfg.slots,
         tasks: cfg.tasks,
         render_ms: cfg.render.as_millis() as u64,
+        render_jitter: cfg.render_jitter,
         outcome: "ok".into(),
         ..Default::default()
     };
@@ -161,6 +166,7 @@ async fn measure(
         workers: cfg.workers,
         slots: cfg.slots,
         render: cfg.render,
+        render_jitter: cfg.render_jitter,
         progress_every: Duration::from_secs(1),
         lease_wait: cfg.lease_wait,
         scene: digest,
@@ -306,6 +312,7 @@ async fn recover(cfg: &RecoveryConfig, scene: Vec<u8>, r: &mut Recovery) -> Resu
         workers: 2,
         slots: 2,
         render: Duration::from_millis(300),
+        render_jitter: 0.0,
         progress_every: Duration::from_secs(1),
         lease_wait: Duration::from_secs(1),
         scene: digest.clone(),
