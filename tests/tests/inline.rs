@@ -234,15 +234,17 @@ fn inline_results_are_stored_exactly_and_bad_ones_store_nothing() {
 fn a_worker_sends_small_frames_inline_and_large_ones_by_put_blob() {
     let dir = scratch();
     let small = scene(&["--kind", "anim", "--frames", "3"]);
-    // The coordinator's debug log names every blob PutBlob stores and
-    // every result stored inline.
+    // The coordinator's debug log names every blob PutBlob stores (the
+    // gRPC adapter) and every result stored inline (the results' sync
+    // thread, in the farm's commit module).
     let coord = Coordinator::start_env(
         &dir.path().join("data"),
         "127.0.0.1:0",
         &[],
         &[(
             "RUST_LOG",
-            "info,tessera_coordinator::adapters::grpc=debug".to_string(),
+            "info,tessera_coordinator::adapters::grpc=debug,tessera_coordinator::farm::txn=debug"
+                .to_string(),
         )],
     );
     let w = worker(&coord.url, dir.path(), "a");
