@@ -485,8 +485,7 @@ impl Farm {
             // A result naming them follows at once: keep them from the
             // collector, and wait out a pass deleting one of them, as
             // PutBlob does.
-            let digests: Vec<Digest> = carried.iter().map(|c| c.digest).collect();
-            self.touch_blobs(&digests).await;
+            self.touch_blobs(&Carried::digests(&carried)).await;
         }
         match self.result_sync.request(carried) {
             Ok(ticket) => ticket.stored().await,

@@ -567,7 +567,7 @@ impl pb::work_server::Work for WorkService {
         // Bytes sent inline prove their sender holds them; every other
         // output must be a blob this token uploaded. Checked before any
         // byte is stored: only a lease's holder writes blobs through here.
-        let carried = inline::digests(&inline);
+        let carried = crate::farm::Carried::digests(&inline);
         let uploaded: Vec<FrameOutput> = outputs
             .iter()
             .filter(|o| !carried.contains(&o.digest))

@@ -158,6 +158,12 @@ pub struct Carried {
 }
 
 impl Carried {
+    /// The digests of `carried`: files whose bytes prove their sender holds
+    /// them.
+    pub fn digests(carried: &[Carried]) -> Vec<Digest> {
+        carried.iter().map(|c| c.digest).collect()
+    }
+
     /// Whether the bytes are the ones the output claims.
     pub fn verify(&self) -> Result<(), Error> {
         let got = Digest::of(&self.bytes);

@@ -87,24 +87,18 @@ impl Watchers {
         })
     }
 
-    /// Stops both watchers and waits for their thread.
-    pub fn stop(mut self) {
-        self.halt();
-    }
+    /// Stops both watchers and waits for their thread (as dropping does).
+    pub fn stop(self) {}
+}
 
-    fn halt(&mut self) {
+impl Drop for Watchers {
+    fn drop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-    }
-}
-
-impl Drop for Watchers {
-    fn drop(&mut self) {
-        self.halt();
     }
 }
 

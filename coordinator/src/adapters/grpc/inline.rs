@@ -10,7 +10,6 @@
 
 use tessera_proto as pb;
 
-use crate::digest::Digest;
 use crate::error::Error;
 use crate::farm::Carried;
 
@@ -69,14 +68,10 @@ pub fn take(outputs: &mut [pb::FrameOutput]) -> Result<Vec<Carried>, Error> {
     Ok(inline)
 }
 
-/// The digests of `inline`, whose bytes prove their sender holds them.
-pub fn digests(inline: &[Carried]) -> Vec<Digest> {
-    inline.iter().map(|i| i.digest).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::digest::Digest;
 
     fn output(frame: u32, bytes: &[u8]) -> pb::FrameOutput {
         pb::FrameOutput {
@@ -102,7 +97,7 @@ mod tests {
         let inline = take(&mut outputs).unwrap();
         assert!(outputs.iter().all(|o| o.data.is_none()));
         assert_eq!(
-            digests(&inline),
+            Carried::digests(&inline),
             vec![Digest::of(b"one"), Digest::of(b"")],
             "an empty file travels inline too; an uploaded one does not"
         );
