@@ -9,5 +9,6 @@ pub mod connections;
 pub mod convert;
 pub mod grpc;
 pub mod http;
+pub mod lanes;
 pub mod metrics;
 pub mod refusal;
