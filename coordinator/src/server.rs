@@ -8,7 +8,8 @@ use std::time::Duration;
 use tessera_proto as pb;
 use tokio::net::TcpListener;
 
-use crate::adapters::connections::{ConnectionLimits, Gate};
+use crate::adapters::connections::{ConnectionLimits, Gate, Permit, Watched};
+use crate::adapters::lanes::{self, ClientsLane, Lane, Rewound};
 use crate::adapters::grpc::{BlobsService, FarmService, WorkService};
 use crate::auth::Role;
 use crate::blobs::{BlobStore, FsBlobStore};
@@ -150,14 +151,14 @@ impl Coordinator {
     }
 
     /// Serves gRPC on `listener` (and HTTP on `http`, when given) until
-    /// `shutdown` resolves.
+    /// `shutdown` resolves. Clients are served in a lane of their own
+    /// ([`crate::adapters::lanes`]); the fleet on the runtime this runs on.
     pub async fn serve(
         self,
         listener: TcpListener,
         http: Option<TcpListener>,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), Error> {
-        let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
         // One count for both ports: they draw on one file limit.
         let gate = Gate::new(self.limits);
         // The HTTP port serves HTTPS with the same certificate as gRPC.
@@ -165,24 +166,67 @@ impl Coordinator {
             (Some(_), Some((cert, key))) => Some(crate::adapters::http::tls::acceptor(cert, key)?),
             _ => None,
         };
-        let http_task = http.map(|l| {
+        let addr = listener.local_addr().ok();
+        let http = http.map(|l| l.into_std()).transpose().map_err(lane_io)?;
+        // Without TLS, gRPC connections are sorted into the lanes by their
+        // first request; with it, all are the fleet's (the request is
+        // encrypted).
+        let sorted = self.tls.is_none();
+        let (fleet_tx, fleet_rx) = tokio::sync::mpsc::unbounded_channel::<Handed>();
+        let (listener, lane_listener) = if sorted {
+            (None, Some(listener.into_std().map_err(lane_io)?))
+        } else {
+            (Some(listener), None)
+        };
+        let clients_router = if sorted {
+            Some(self.grpc_router()?)
+        } else {
+            None
+        };
+        let lane = {
             let farm = self.farm.clone();
             let gate = gate.clone();
             let active = self.active.clone();
-            tokio::spawn(async move {
-                let stopped = async move {
-                    let _ = http_stopped.await;
-                };
-                if let Err(e) =
-                    crate::adapters::http::serve(farm, l, http_tls, gate, active, stopped).await
-                {
-                    tracing::error!("HTTP server stopped: {e}");
+            ClientsLane::start(move |stopped| async move {
+                let http_task = http.map(|l| {
+                    let stopped = stopped.clone();
+                    let gate = gate.clone();
+                    tokio::spawn(async move {
+                        let l = TcpListener::from_std(l)?;
+                        crate::adapters::http::serve(farm, l, http_tls, gate, active, stopped.wait())
+                            .await
+                    })
+                });
+                if let (Some(l), Some(router)) = (lane_listener, clients_router) {
+                    match TcpListener::from_std(l) {
+                        Ok(l) => {
+                            let (clients_tx, clients_rx) = tokio::sync::mpsc::unbounded_channel();
+                            let accept = tokio::spawn(accept(l, gate, clients_tx, fleet_tx));
+                            let _accept_guard = AbortOnDrop(accept.abort_handle());
+                            let incoming = tokio_stream::StreamExt::map(
+                                tokio_stream::wrappers::UnboundedReceiverStream::new(clients_rx),
+                                Ok::<_, std::io::Error>,
+                            );
+                            if let Err(e) = router
+                                .serve_with_incoming_shutdown(incoming, stopped.clone().wait())
+                                .await
+                            {
+                                tracing::error!("the clients' gRPC server stopped: {e}");
+                            }
+                        }
+                        Err(e) => tracing::error!("cannot serve gRPC in the clients' lane: {e}"),
+                    }
+                }
+                if let Some(t) = http_task {
+                    match t.await {
+                        Ok(Err(e)) => tracing::error!("HTTP server stopped: {e}"),
+                        Err(e) => tracing::error!("HTTP server stopped: {e}"),
+                        Ok(Ok(())) => {}
+                    }
                 }
             })
-        });
-        // Should this future be dropped rather than finish, the HTTP port
-        // and the reaper stop with it.
-        let _http_guard = http_task.as_ref().map(|t| AbortOnDrop(t.abort_handle()));
+            .map_err(lane_io)?
+        };
         // Previews are made on a thread of their own, one at a time, until
         // this returns (the guard stops it).
         let (ffmpeg, scratch) = self.previews.clone();
@@ -219,9 +263,62 @@ impl Coordinator {
             }
         });
         let _reaper_guard = AbortOnDrop(reaper.abort_handle());
-        let addr = listener.local_addr().ok();
-        tracing::info!(?addr, "coordinator listening");
-        let incoming = crate::adapters::connections::gated(listener, gate);
+        tracing::info!(?addr, sorted, "coordinator listening");
+        let router = self.grpc_router()?;
+        let result = match listener {
+            Some(l) => {
+                router
+                    .serve_with_incoming_shutdown(
+                        crate::adapters::connections::gated(l, gate),
+                        shutdown,
+                    )
+                    .await
+            }
+            None => {
+                let incoming = tokio_stream::StreamExt::filter_map(
+                    tokio_stream::wrappers::UnboundedReceiverStream::new(fleet_rx),
+                    |h: Handed| match tokio::net::TcpStream::from_std(h.stream) {
+                        Ok(s) => Some(Ok::<_, std::io::Error>(Watched::new(
+                            Rewound::new(h.head, s),
+                            h.permit,
+                            0,
+                        ))),
+                        Err(e) => {
+                            tracing::warn!("cannot take over a worker's connection: {e}");
+                            None
+                        }
+                    },
+                );
+                router
+                    .serve_with_incoming_shutdown(incoming, shutdown)
+                    .await
+            }
+        };
+        reaper.abort();
+        lane.finish().await;
+        result.map_err(|e| Error::Internal(format!("the gRPC server stopped: {e}")))
+    }
+
+    /// The gRPC services, as each lane serves them.
+    fn grpc_router(
+        &self,
+    ) -> Result<
+        tonic::transport::server::Router<
+            tower::layer::util::Stack<
+                tower::util::MapRequestLayer<
+                    impl Fn(
+                            axum::http::Request<tonic::body::Body>,
+                        ) -> axum::http::Request<tonic::body::Body>
+                        + Clone
+                        + Send
+                        + Sync
+                        + 'static,
+                >,
+                tower::layer::util::Identity,
+            >,
+        >,
+        Error,
+    > {
         let guard = |roles: &'static [Role]| {
             let farm = self.farm.clone();
             let active = self.active.clone();
@@ -280,17 +377,70 @@ impl Coordinator {
                     Error::invalid(format!("bad TLS certificate or key: {e}; give PEM files"))
                 })?;
         }
-        let result = builder
-            .add_service(blobs)
-            .add_service(farm)
-            .add_service(work)
-            .serve_with_incoming_shutdown(incoming, shutdown)
-            .await;
-        reaper.abort();
-        let _ = http_stop.send(());
-        if let Some(t) = http_task {
-            let _ = t.await;
-        }
-        result.map_err(|e| Error::Internal(format!("the gRPC server stopped: {e}")))
+        Ok(builder.add_service(blobs).add_service(farm).add_service(work))
     }
 }
+
+/// A worker's connection, sorted in the clients' lane and handed to the
+/// fleet's runtime (which registers the socket with its own reactor).
+struct Handed {
+    stream: std::net::TcpStream,
+    permit: Permit,
+    head: Vec<u8>,
+}
+
+/// The gRPC port's accept loop, in the clients' lane: each connection
+/// `gate` admits is sorted by its first request, then served in the lane
+/// or handed to the fleet. Refused and silent ones are closed.
+async fn accept(
+    listener: TcpListener,
+    gate: Arc<Gate>,
+    clients: tokio::sync::mpsc::UnboundedSender<Watched<Rewound<tokio::net::TcpStream>>>,
+    fleet: tokio::sync::mpsc::UnboundedSender<Handed>,
+) {
+    loop {
+        let (mut s, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of file descriptors, most likely: let some close.
+                tracing::warn!("cannot accept a gRPC connection: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        // Small replies (a lease, an ack) must not wait for Nagle's
+        // algorithm and the peer's delayed ACK (about 40 ms).
+        if s.set_nodelay(true).is_err() {
+            continue;
+        }
+        let Some(permit) = gate.admit_logged(peer.ip(), "gRPC") else {
+            continue;
+        };
+        let deadline = tokio::time::Instant::now() + gate.limits().header_timeout;
+        let (clients, fleet) = (clients.clone(), fleet.clone());
+        tokio::spawn(async move {
+            match lanes::sort(&mut s, deadline).await {
+                Ok((Lane::Clients, head)) => {
+                    tracing::debug!(%peer, "a client's connection, served in the clients' lane");
+                    let _ = clients.send(Watched::new(Rewound::new(head, s), permit, 0));
+                }
+                Ok((Lane::Fleet, head)) => match s.into_std() {
+                    Ok(stream) => {
+                        let _ = fleet.send(Handed {
+                            stream,
+                            permit,
+                            head,
+                        });
+                    }
+                    Err(e) => tracing::warn!(%peer, "cannot hand a connection over: {e}"),
+                },
+                Err(e) => tracing::debug!(%peer, "connection closed before its first request: {e}"),
+            }
+        });
+    }
+}
+
+fn lane_io(e: std::io::Error) -> Error {
+    Error::io("cannot start the clients' lane".into(), e)
+}
+

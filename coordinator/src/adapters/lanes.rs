@@ -234,12 +234,26 @@ impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connecte
     }
 }
 
+/// How long a connection's first request may take after its preface to be
+/// sorted. A gRPC client of this project sends it at once; clients that
+/// wait for the server's settings first (grpc-go, gRPC C-core) are served
+/// on the fleet's runtime after this wait, once per connection.
+pub(crate) const FIRST_REQUEST_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Reads from `stream` until its first request says its lane or the limit
-/// is reached: the lane (the fleet's when unsure) and the bytes read. An
-/// error when it fails or closes first.
-pub(crate) async fn sort(stream: &mut tokio::net::TcpStream) -> io::Result<(Lane, Vec<u8>)> {
+/// is reached: the lane (the fleet's when unsure) and the bytes read. A
+/// connection whose preface is not in by `deadline` is refused with
+/// `TimedOut`; one whose first request is not in [`FIRST_REQUEST_WAIT`]
+/// after its preface goes to the fleet. One that fails or closes first is
+/// an error.
+pub(crate) async fn sort(
+    stream: &mut tokio::net::TcpStream,
+    deadline: tokio::time::Instant,
+) -> io::Result<(Lane, Vec<u8>)> {
     use tokio::io::AsyncReadExt;
     let mut head = Vec::with_capacity(512);
+    let mut deadline = deadline;
+    let mut preface_in = false;
     loop {
         if let Some(lane) = lane_of(&head) {
             return Ok((lane, head));
@@ -247,13 +261,95 @@ pub(crate) async fn sort(stream: &mut tokio::net::TcpStream) -> io::Result<(Lane
         if head.len() >= SORT_LIMIT {
             return Ok((Lane::Fleet, head));
         }
+        if !preface_in && head.len() >= PREFACE.len() {
+            preface_in = true;
+            deadline = deadline.min(tokio::time::Instant::now() + FIRST_REQUEST_WAIT);
+        }
         let mut chunk = [0u8; 4096];
         let want = chunk.len().min(SORT_LIMIT - head.len());
-        let n = stream.read(&mut chunk[..want]).await?;
+        let n = match tokio::time::timeout_at(deadline, stream.read(&mut chunk[..want])).await {
+            Ok(n) => n?,
+            Err(_) if preface_in => return Ok((Lane::Fleet, head)),
+            Err(_) => return Err(io::ErrorKind::TimedOut.into()),
+        };
         if n == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
         head.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// The clients' lane: a thread running a runtime of its own, until stopped.
+pub(crate) struct ClientsLane {
+    stop: tokio::sync::watch::Sender<bool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Resolves once the lane is asked to stop.
+#[derive(Clone)]
+pub(crate) struct Stopped(tokio::sync::watch::Receiver<bool>);
+
+impl Stopped {
+    /// Waits for the stop.
+    pub(crate) async fn wait(mut self) {
+        let _ = self.0.wait_for(|stop| *stop).await;
+    }
+}
+
+/// How long the lane's servers may take to finish their calls once
+/// stopped; streams still open then (a `watch`) are dropped.
+const LANE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl ClientsLane {
+    /// Starts the lane's thread, which runs the future `work` makes (inside
+    /// the lane's runtime, so sockets made there are the lane's) until it
+    /// ends, or [`LANE_GRACE`] after the stop.
+    pub(crate) fn start<F>(work: impl FnOnce(Stopped) -> F + Send + 'static) -> io::Result<Self>
+    where
+        F: std::future::Future<Output = ()>,
+    {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let thread = std::thread::Builder::new()
+            .name("tessera-clients".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    let stopped = Stopped(stopped);
+                    let late = {
+                        let stopped = stopped.clone();
+                        async move {
+                            stopped.wait().await;
+                            tokio::time::sleep(LANE_GRACE).await;
+                        }
+                    };
+                    tokio::select! {
+                        () = work(stopped) => {}
+                        () = late => tracing::debug!("the clients' lane stopped with calls open"),
+                    }
+                });
+            })?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops the lane and waits for its thread.
+    pub(crate) async fn finish(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(t) = self.thread.take() {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
+    }
+}
+
+impl Drop for ClientsLane {
+    fn drop(&mut self) {
+        // Dropped without `finish` (the server's future was dropped): the
+        // thread stops on its own.
+        let _ = self.stop.send(true);
     }
 }
 
@@ -318,6 +414,7 @@ mod tests {
     /// A real gRPC client's first request, sorted as the server sorts it.
     async fn first_request_lane(call: &'static str) -> Lane {
         use tessera_proto as pb;
+        use tokio::io::AsyncReadExt;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let client = tokio::spawn(async move {
@@ -354,10 +451,21 @@ mod tests {
             };
         });
         let (mut stream, _) = listener.accept().await.unwrap();
-        let (lane, head) = tokio::time::timeout(std::time::Duration::from_secs(5), sort(&mut stream))
-            .await
-            .expect("the client's first request came without the server's settings")
-            .unwrap();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut head = Vec::new();
+        // The client sends its first request without waiting for the
+        // server's settings (which come only once the connection is
+        // sorted): read it whole, as `sort` would.
+        while lane_of(&head).is_none() {
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout_at(deadline, stream.read(&mut chunk))
+                .await
+                .expect("the client waited for the server's settings")
+                .unwrap();
+            assert!(n > 0, "the client closed");
+            head.extend_from_slice(&chunk[..n]);
+        }
+        let lane = lane_of(&head).unwrap();
         assert!(head.starts_with(PREFACE));
         client.abort();
         lane
@@ -374,6 +482,31 @@ mod tests {
         for call in ["Register", "Lease", "MissingBlobs"] {
             assert_eq!(first_request_lane(call).await, Lane::Fleet, "{call}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_client_silent_after_its_preface_goes_to_the_fleet_and_a_silent_one_is_refused() {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Preface and settings, then waiting for the server's settings.
+        let mut waiting = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut opening = PREFACE.to_vec();
+        opening.extend(frame(0x4, 0, &[]));
+        waiting.write_all(&opening).await.unwrap();
+        let (mut s, _) = listener.accept().await.unwrap();
+        let started = std::time::Instant::now();
+        let far = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        let (lane, head) = sort(&mut s, far).await.unwrap();
+        assert_eq!((lane, head), (Lane::Fleet, opening));
+        let waited = started.elapsed();
+        assert!(waited >= FIRST_REQUEST_WAIT && waited < std::time::Duration::from_secs(5), "{waited:?}");
+        // Nothing at all: refused at the deadline.
+        let _silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut s, _) = listener.accept().await.unwrap();
+        let soon = tokio::time::Instant::now() + std::time::Duration::from_millis(200);
+        let e = sort(&mut s, soon).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
     }
 
     #[tokio::test]
