@@ -9,8 +9,8 @@ use tessera_proto as pb;
 use tokio::net::TcpListener;
 
 use crate::adapters::connections::{ConnectionLimits, Gate, Permit, Watched};
-use crate::adapters::lanes::{self, ClientsLane, Lane, Rewound};
 use crate::adapters::grpc::{BlobsService, FarmService, WorkService};
+use crate::adapters::lanes::{self, ClientsLane, Lane, Rewound};
 use crate::auth::Role;
 use crate::blobs::{BlobStore, FsBlobStore};
 use crate::clock::SystemClock;
@@ -193,8 +193,15 @@ impl Coordinator {
                     let gate = gate.clone();
                     tokio::spawn(async move {
                         let l = TcpListener::from_std(l)?;
-                        crate::adapters::http::serve(farm, l, http_tls, gate, active, stopped.wait())
-                            .await
+                        crate::adapters::http::serve(
+                            farm,
+                            l,
+                            http_tls,
+                            gate,
+                            active,
+                            stopped.wait(),
+                        )
+                        .await
                     })
                 });
                 if let (Some(l), Some(router)) = (lane_listener, clients_router) {
@@ -377,7 +384,10 @@ impl Coordinator {
                     Error::invalid(format!("bad TLS certificate or key: {e}; give PEM files"))
                 })?;
         }
-        Ok(builder.add_service(blobs).add_service(farm).add_service(work))
+        Ok(builder
+            .add_service(blobs)
+            .add_service(farm)
+            .add_service(work))
     }
 }
 
@@ -443,4 +453,3 @@ async fn accept(
 fn lane_io(e: std::io::Error) -> Error {
     Error::io("cannot start the clients' lane".into(), e)
 }
-

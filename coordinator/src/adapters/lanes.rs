@@ -64,19 +64,21 @@ pub(crate) fn lane_of(head: &[u8]) -> Option<Lane> {
     let mut at = PREFACE.len();
     loop {
         let frame = head.get(at..at + 9)?;
-        let len = (usize::from(frame[0]) << 16) | (usize::from(frame[1]) << 8) | usize::from(frame[2]);
+        let len =
+            (usize::from(frame[0]) << 16) | (usize::from(frame[1]) << 8) | usize::from(frame[2]);
         let payload = head.get(at + 9..at + 9 + len)?;
         const HEADERS: u8 = 0x1;
         if frame[3] == HEADERS {
-            let farm = header_block(payload, frame[4])
-                .and_then(path)
-                .is_some_and(|(huffman, p)| {
-                    if huffman {
-                        p.starts_with(FARM_PATH_HUFFMAN)
-                    } else {
-                        p.starts_with(FARM_PATH)
-                    }
-                });
+            let farm =
+                header_block(payload, frame[4])
+                    .and_then(path)
+                    .is_some_and(|(huffman, p)| {
+                        if huffman {
+                            p.starts_with(FARM_PATH_HUFFMAN)
+                        } else {
+                            p.starts_with(FARM_PATH)
+                        }
+                    });
             return Some(if farm { Lane::Clients } else { Lane::Fleet });
         }
         at += 9 + len;
@@ -224,9 +226,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Rewound<IO> {
     }
 }
 
-impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connected
-    for Rewound<IO>
-{
+impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connected for Rewound<IO> {
     type ConnectInfo = IO::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
@@ -361,13 +361,26 @@ mod tests {
     fn hpack_integers_decode_with_their_prefix() {
         // RFC 7541 C.1: 10 in a 5-bit prefix, 1337 in a 5-bit prefix.
         assert_eq!(integer(&[0x0a], 5), Some((10, &[][..])));
-        assert_eq!(integer(&[0x1f, 0x9a, 0x0a, 0xff], 5), Some((1337, &[0xff][..])));
+        assert_eq!(
+            integer(&[0x1f, 0x9a, 0x0a, 0xff], 5),
+            Some((1337, &[0xff][..]))
+        );
         assert_eq!(integer(&[0x1f, 0x9a], 5), None);
     }
 
     fn frame(kind: u8, flags: u8, payload: &[u8]) -> Vec<u8> {
         let len = payload.len();
-        let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags, 0, 0, 0, 1];
+        let mut f = vec![
+            (len >> 16) as u8,
+            (len >> 8) as u8,
+            len as u8,
+            kind,
+            flags,
+            0,
+            0,
+            0,
+            1,
+        ];
         f.extend_from_slice(payload);
         f
     }
@@ -427,7 +440,10 @@ mod tests {
             let job = pb::JobRef::default;
             let _ = match call {
                 "GetJob" => farm.get_job(job()).await.map(drop),
-                "ListJobs" => farm.list_jobs(pb::ListJobsRequest::default()).await.map(drop),
+                "ListJobs" => farm
+                    .list_jobs(pb::ListJobsRequest::default())
+                    .await
+                    .map(drop),
                 "SubmitJob" => farm.submit_job(pb::JobSpec::default()).await.map(drop),
                 "WatchJob" => farm.watch_job(job()).await.map(drop),
                 "CancelJob" => farm.cancel_job(job()).await.map(drop),
@@ -474,8 +490,18 @@ mod tests {
     #[tokio::test]
     async fn a_real_clients_farm_calls_sort_to_the_clients_lane_and_the_rest_to_the_fleet() {
         for call in [
-            "GetJob", "ListJobs", "SubmitJob", "WatchJob", "CancelJob", "ArchiveJob",
-            "DeleteJob", "PauseJob", "ResumeJob", "RetryJob", "MakePreview", "ListWorkers",
+            "GetJob",
+            "ListJobs",
+            "SubmitJob",
+            "WatchJob",
+            "CancelJob",
+            "ArchiveJob",
+            "DeleteJob",
+            "PauseJob",
+            "ResumeJob",
+            "RetryJob",
+            "MakePreview",
+            "ListWorkers",
         ] {
             assert_eq!(first_request_lane(call).await, Lane::Clients, "{call}");
         }
@@ -500,7 +526,10 @@ mod tests {
         let (lane, head) = sort(&mut s, far).await.unwrap();
         assert_eq!((lane, head), (Lane::Fleet, opening));
         let waited = started.elapsed();
-        assert!(waited >= FIRST_REQUEST_WAIT && waited < std::time::Duration::from_secs(5), "{waited:?}");
+        assert!(
+            waited >= FIRST_REQUEST_WAIT && waited < std::time::Duration::from_secs(5),
+            "{waited:?}"
+        );
         // Nothing at all: refused at the deadline.
         let _silent = tokio::net::TcpStream::connect(addr).await.unwrap();
         let (mut s, _) = listener.accept().await.unwrap();
@@ -513,7 +542,9 @@ mod tests {
     async fn rewound_replays_its_head_then_reads_on() {
         use tokio::io::AsyncReadExt;
         let (mut a, b) = tokio::io::duplex(64);
-        tokio::io::AsyncWriteExt::write_all(&mut a, b"world").await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut a, b"world")
+            .await
+            .unwrap();
         drop(a);
         let mut r = Rewound::new(b"hello ".to_vec(), b);
         let mut s = String::new();

@@ -1,0 +1,110 @@
+//! Reads never wait behind the fleet: with the fleet's runtime held busy, a
+//! client's call (`tessera status`, `jobs`) is still answered, while a
+//! worker's call waits for the fleet.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_coordinator::farm::Config;
+use tessera_coordinator::server::Coordinator;
+use tessera_proto as pb;
+
+/// How long the fleet's only thread is held.
+const HELD: Duration = Duration::from_secs(3);
+
+#[test]
+fn a_clients_call_is_answered_while_the_fleets_runtime_is_held_and_a_workers_waits() {
+    let dir = std::env::temp_dir().join(format!("tessera-lanes-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // The fleet's runtime: one thread, so holding it holds the fleet.
+    let fleet = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let coord = Coordinator::open(&dir, Config::default()).unwrap();
+    let token = std::fs::read_to_string(coord.admin_token_path().unwrap())
+        .unwrap()
+        .trim()
+        .to_string();
+    let listener = fleet
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = fleet.spawn(coord.serve(listener, None, async {
+        let _ = stopped.await;
+    }));
+
+    // The clients run on a runtime of their own, as `tessera` does.
+    let clients = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let bearer: tonic::metadata::MetadataValue<_> = format!("Bearer {token}").parse().unwrap();
+    let list_jobs = |url: String| {
+        let bearer = bearer.clone();
+        async move {
+            let ch = tonic::transport::Endpoint::from_shared(url)
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let mut farm = pb::farm_client::FarmClient::new(ch);
+            let mut req = tonic::Request::new(pb::ListJobsRequest::default());
+            req.metadata_mut().insert("authorization", bearer);
+            farm.list_jobs(req).await
+        }
+    };
+    clients
+        .block_on(list_jobs(url.clone()))
+        .expect("the farm answers before the fleet is held");
+
+    // Hold the fleet's only thread.
+    let held = Arc::new(AtomicBool::new(false));
+    let holding = held.clone();
+    fleet.spawn(async move {
+        holding.store(true, Ordering::SeqCst);
+        std::thread::sleep(HELD);
+        holding.store(false, Ordering::SeqCst);
+    });
+    while !held.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    // A client's new connection: sorted, served and answered in its lane.
+    let listed = clients.block_on(list_jobs(url.clone()));
+    assert!(listed.is_ok(), "{listed:?}");
+    assert!(
+        held.load(Ordering::SeqCst),
+        "the client's call was answered only once the fleet's thread was free"
+    );
+
+    // A worker's new connection goes to the fleet, which answers (here a
+    // refusal: no worker token) only once its thread is free.
+    let registered = clients.block_on(async {
+        let ch = tonic::transport::Endpoint::from_shared(url.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        pb::work_client::WorkClient::new(ch)
+            .register(pb::WorkerInfo::default())
+            .await
+    });
+    assert_eq!(registered.unwrap_err().code(), tonic::Code::Unauthenticated);
+    assert!(
+        !held.load(Ordering::SeqCst),
+        "a worker's call was answered while the fleet's thread was held"
+    );
+
+    // Close the clients' connections (a graceful stop waits for them).
+    drop(clients);
+    let _ = stop.send(());
+    fleet
+        .block_on(server)
+        .unwrap()
+        .expect("the coordinator stops cleanly");
+    let _ = std::fs::remove_dir_all(&dir);
+}
