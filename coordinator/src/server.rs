@@ -8,7 +8,7 @@ use std::time::Duration;
 use tessera_proto as pb;
 use tokio::net::TcpListener;
 
-use crate::adapters::connections::{ConnectionLimits, Gate, Permit, Watched};
+use crate::adapters::connections::{ConnectionLimits, Gate, PaceBodies, Permit, Watched};
 use crate::adapters::grpc::{BlobsService, FarmService, WorkService};
 use crate::adapters::lanes::{self, ClientsLane, Lane, Rewound};
 use crate::auth::Role;
@@ -311,18 +311,7 @@ impl Coordinator {
         &self,
     ) -> Result<
         tonic::transport::server::Router<
-            tower::layer::util::Stack<
-                tower::util::MapRequestLayer<
-                    impl Fn(
-                            axum::http::Request<tonic::body::Body>,
-                        ) -> axum::http::Request<tonic::body::Body>
-                        + Clone
-                        + Send
-                        + Sync
-                        + 'static,
-                >,
-                tower::layer::util::Identity,
-            >,
+            tower::layer::util::Stack<PaceBodies, tower::layer::util::Identity>,
         >,
         Error,
     > {
@@ -366,16 +355,7 @@ impl Coordinator {
             // or silent one meets --idle-timeout) and find dead peers.
             .http2_keepalive_interval(Some(limits.keepalive()))
             .http2_keepalive_timeout(Some(limits.keepalive()))
-            .layer(tower::util::MapRequestLayer::new(
-                move |r: axum::http::Request<tonic::body::Body>| {
-                    r.map(|b| {
-                        tonic::body::Body::new(crate::adapters::connections::Paced::new(
-                            b,
-                            limits.body_timeout,
-                        ))
-                    })
-                },
-            ));
+            .layer(PaceBodies(limits.body_timeout));
         if let Some((cert, key)) = &self.tls {
             let identity = tonic::transport::Identity::from_pem(cert, key);
             builder = builder

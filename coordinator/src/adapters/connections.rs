@@ -386,6 +386,47 @@ where
     }
 }
 
+/// The gRPC servers' layer that paces every request body ([`Paced`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PaceBodies(pub(crate) Duration);
+
+impl<S> tower::Layer<S> for PaceBodies {
+    type Service = PacedBodies<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        PacedBodies {
+            inner,
+            timeout: self.0,
+        }
+    }
+}
+
+/// A service whose request bodies are paced ([`PaceBodies`]).
+#[derive(Debug, Clone)]
+pub(crate) struct PacedBodies<S> {
+    inner: S,
+    timeout: Duration,
+}
+
+impl<S> tower::Service<axum::http::Request<tonic::body::Body>> for PacedBodies<S>
+where
+    S: tower::Service<axum::http::Request<tonic::body::Body>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: axum::http::Request<tonic::body::Body>) -> Self::Future {
+        let timeout = self.timeout;
+        self.inner
+            .call(req.map(|b| tonic::body::Body::new(Paced::new(b, timeout))))
+    }
+}
+
 /// The gRPC port's connections: those `gate` admits, watched for stalls,
 /// the HTTP/2 preface due within the header timeout. Refused ones are closed.
 pub(crate) fn gated(
