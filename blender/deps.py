@@ -27,6 +27,8 @@ JSON contract (version 1):
      "engine": "CYCLES",         # scene.render.engine of the scene that renders
      "denoise": false,           # see denoise_needed(): true when a render of this scene
                                  # runs a denoiser (needs OpenImageDenoise/OptiX)
+     "neighbours": [],           # see neighbours(): why a tile of this scene depends on
+                                 # pixels beyond it ([]: tiles need no overscan)
      "scene": "/abs/path/scene.blend",
      "facts": {"frame_start": 1, "frame_end": 250, "frame_step": 1,
                "width": 1920, "height": 1080, "file_format": "PNG", "fps": 24.0},
@@ -623,6 +625,42 @@ def denoise_needed(scene):
     return False
 
 
+# Compositor nodes that pass each pixel through on its own.
+PER_PIXEL_NODES = {
+    "CompositorNodeRLayers", "CompositorNodeComposite", "CompositorNodeViewer",
+    "NodeReroute", "NodeFrame", "NodeGroupInput", "NodeGroupOutput",
+}
+
+
+def neighbours(scene):
+    """Why a tile of this scene depends on pixels beyond it, so that a tile
+    needs an overscan margin to stitch into the frame one render gives; []
+    when every pixel is rendered on its own. Cycles samples each pixel with
+    its own seed and importance-samples the pixel filter, so a border render
+    of such a scene is bit-identical to the same pixels of the whole frame;
+    adaptive sampling (its convergence test spreads to neighbours),
+    denoising, path guiding (it learns from the whole image) and compositor
+    filters look further, and so do the other engines' screen-space
+    effects."""
+    why = []
+    if scene.render.engine != "CYCLES":
+        return ["the %s engine" % scene.render.engine]
+    c = scene.cycles
+    if c.use_adaptive_sampling:
+        why.append("adaptive sampling")
+    if getattr(c, "use_guiding", False):
+        why.append("path guiding")
+    if denoise_needed(scene):
+        why.append("denoising")
+    tree = compositor_tree(scene)
+    if scene.render.use_compositing and tree is not None:
+        kinds = sorted({n.bl_idname for n in tree.nodes
+                        if not n.mute and n.bl_idname not in PER_PIXEL_NODES})
+        if kinds:
+            why.append("compositing (%s)" % ", ".join(kinds))
+    return why
+
+
 def report(scene=None):
     scene = scene or bpy.context.scene
     return {
@@ -630,6 +668,7 @@ def report(scene=None):
         "saved_with": "%d.%d" % tuple(bpy.data.version[:2]),
         "engine": scene.render.engine,
         "denoise": denoise_needed(scene),
+        "neighbours": neighbours(scene),
         # Which denoiser Cycles runs: OPENIMAGEDENOISE or OPTIX (a compositor
         # Denoise node always runs OpenImageDenoise).
         "denoiser": getattr(getattr(scene, "cycles", None), "denoiser", None),

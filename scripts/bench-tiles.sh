@@ -6,8 +6,12 @@
 # so the difference is the tiling alone (including overscan and stitching),
 # then each run's phases (scripts/phases.py): set-up, Blender's start and
 # scene load, renders, results, stitch, shutdown, and each slot's idle time.
-# Usage: [KEEP=DIR] scripts/bench-tiles.sh [WIDTH HEIGHT SAMPLES]
+# Usage: [KEEP=DIR] [OVERSCAN=N] scripts/bench-tiles.sh [WIDTH HEIGHT SAMPLES]
 #   KEEP=DIR keeps the scene, the logs and both frames (whole/, tiles/) in DIR.
+#   OVERSCAN=N passes --overscan N to the tiled render; without it the
+#   submit chooses from the scene (none for this one: no adaptive sampling,
+#   denoising or compositing), and OVERSCAN=16 is the margin every tiled
+#   job had before that choice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -24,15 +28,18 @@ blender -b --factory-startup --python-exit-code 2 --python tests/blender/make_sc
 now() { date +%s.%N; }
 # Logged as JSON at info level: scripts/phases.py says where each run's time went.
 export RUST_LOG=info
+overscan=(); [ -z "${OVERSCAN:-}" ] || overscan=(--overscan "$OVERSCAN")
 t0=$(now); "$tessera" --log-format json render "$work/scene.blend" --frames 1 --workers 1 --threads 1 -o "$work/whole" >/dev/null 2>"$work/whole.log"; t1=$(now)
-"$tessera" --log-format json render "$work/scene.blend" --frames 1 --workers 2 --threads 1 --tiles 2x2 -o "$work/tiles" >/dev/null 2>"$work/tiles.log"; t2=$(now)
+"$tessera" --log-format json render "$work/scene.blend" --frames 1 --workers 2 --threads 1 --tiles 2x2 "${overscan[@]}" -o "$work/tiles" >/dev/null 2>"$work/tiles.log"; t2=$(now)
 
-python3 - "$w" "$h" "$s" "$t0" "$t1" "$t2" <<'PY'
+margin="${OVERSCAN:+$OVERSCAN px overscan (--overscan)}"
+[ -n "$margin" ] || margin="$(grep -ao '^tiles: [^{]*' "$work/tiles.log" | head -1)"
+python3 - "$w" "$h" "$s" "$t0" "$t1" "$t2" "$margin" <<'PY'
 import sys
 w, h, s = sys.argv[1:4]
 t0, t1, t2 = map(float, sys.argv[4:7])
 whole, tiles = t1 - t0, t2 - t1
-print(f"one frame {w}x{h}, {s} samples, 1 thread per slot, 16 px overscan")
+print(f"one frame {w}x{h}, {s} samples, 1 thread per slot; {sys.argv[7]}")
 print(f"{'1 slot, whole frame':<30}{whole:8.2f} s")
 print(f"{'2 slots, 2x2 tiles + stitch':<30}{tiles:8.2f} s")
 print(f"speed-up: {whole / tiles:.2f}x")

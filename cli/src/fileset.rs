@@ -35,6 +35,10 @@ pub struct Trace {
     /// Cycles' denoiser: OPENIMAGEDENOISE or OPTIX.
     #[serde(default)]
     pub denoiser: Option<String>,
+    /// Why a tile of this scene depends on pixels beyond it (empty: tiles
+    /// need no overscan); absent from a trace made before it was read.
+    #[serde(default)]
+    pub neighbours: Option<Vec<String>>,
     /// Every external file reference.
     #[serde(default)]
     pub files: Vec<TracedFile>,

@@ -597,9 +597,11 @@ struct JobArgs {
     /// Split every frame into columns x rows tiles, stitched back pixel-exactly (PNG or OpenEXR output).
     #[arg(long, default_value = "1x1")]
     tiles: String,
-    /// Overscan margin of tiles in pixels, so adaptive sampling and the pixel filter see their neighbours.
-    #[arg(long, default_value_t = 16)]
-    overscan: u32,
+    /// Overscan margin of tiles in pixels, so that adaptive sampling, denoising and compositing see
+    /// their neighbours [default: 0 when the scene renders each pixel on its own (Cycles without
+    /// those, nor path guiding), else 16].
+    #[arg(long)]
+    overscan: Option<u32>,
     /// Required render device: any, cpu, cuda or optix.
     #[arg(long, default_value = "any")]
     device: String,

@@ -50,6 +50,8 @@ pub struct Prepared {
     layout: fileset::Layout,
     /// Blender features the scene needs.
     features: Vec<String>,
+    /// The tiles' overscan margin in pixels.
+    overscan: u32,
     /// Make a preview video when the job is done (`submit --preview`).
     pub preview: bool,
 }
@@ -102,6 +104,7 @@ pub async fn prepare(job: &JobArgs) -> Result<Prepared> {
         tessera_coordinator::model::tiles::split(f.width, f.height, grid, u32::MAX)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
     }
+    let overscan = overscan(job.overscan, grid.count(), trace.neighbours.as_deref());
     let layout = fileset::layout(&scene, &trace, &job.shared)?;
     if !layout.missing.is_empty() && !job.allow_missing {
         bail!(
@@ -115,6 +118,7 @@ pub async fn prepare(job: &JobArgs) -> Result<Prepared> {
         frames,
         facts,
         layout,
+        overscan,
         features: {
             let mut features = if job.ignore_scene_features {
                 Vec::new()
@@ -128,6 +132,31 @@ pub async fn prepare(job: &JobArgs) -> Result<Prepared> {
         },
         preview: false,
     })
+}
+
+/// The tiles' overscan: `given`, or for a tiled job none when the scene
+/// renders each pixel on its own (`neighbours` empty: a border render is
+/// then bit-identical to the whole frame's pixels, see `blender/deps.py`),
+/// else the farm's default. Says which, and why, for a tiled job.
+fn overscan(given: Option<u32>, tiles: u64, neighbours: Option<&[String]>) -> u32 {
+    use tessera_coordinator::farm::DEFAULT_OVERSCAN;
+    let chosen = given.unwrap_or(match neighbours {
+        Some([]) => 0,
+        _ => DEFAULT_OVERSCAN,
+    });
+    if tiles > 1 && given.is_none() {
+        match neighbours {
+            Some([]) => eprintln!(
+                "tiles: no overscan, as each pixel renders on its own (no adaptive sampling, denoising, path guiding or compositing)"
+            ),
+            Some(why) => eprintln!(
+                "tiles: {chosen} px overscan for {}",
+                why.join(", ")
+            ),
+            None => eprintln!("tiles: {chosen} px overscan"),
+        }
+    }
+    chosen
 }
 
 /// Uploads and submits; returns the job id.
@@ -150,7 +179,7 @@ pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Re
         priority: job.priority,
         max_attempts: job.max_attempts.unwrap_or(0),
         tiles: job.tiles.clone(),
-        overscan: Some(job.overscan),
+        overscan: Some(prepared.overscan),
         scene_info: prepared.facts.map(|f| pb::SceneInfo {
             width: f.width,
             height: f.height,
@@ -180,4 +209,21 @@ pub async fn submit_job(c: &mut Client, job: &JobArgs, prepared: Prepared) -> Re
         .into_inner()
         .job_id;
     Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::overscan;
+
+    #[test]
+    fn a_given_overscan_wins_and_otherwise_the_scene_decides() {
+        let none: &[String] = &[];
+        let adaptive = ["adaptive sampling".to_string()];
+        assert_eq!(overscan(Some(5), 4, Some(none)), 5);
+        assert_eq!(overscan(Some(0), 4, Some(&adaptive)), 0);
+        assert_eq!(overscan(None, 4, Some(none)), 0);
+        assert_eq!(overscan(None, 4, Some(&adaptive)), 16);
+        // A trace that did not say: the farm's default.
+        assert_eq!(overscan(None, 4, None), 16);
+    }
 }

@@ -76,6 +76,8 @@ fn adaptive_sampling_png_stitches_exactly_and_tile_blobs_are_cleaned_up() {
         serde_json::from_str(&cli_ok(&f.coord.url, &["status", "1", "--json"])).unwrap();
     assert_eq!(job["tiles"], "3x2");
     assert_eq!(job["tasks_total"], 6);
+    // Chosen from the scene: adaptive sampling needs the margin.
+    assert_eq!(job["overscan"], 16, "{job:#}");
     assert_eq!(job["frame_tiles"][0]["stitched"], true, "{job:#}");
     let human = cli_ok(&f.coord.url, &["status", "1"]);
     assert!(
@@ -370,6 +372,10 @@ fn frames_larger_than_cycles_tile_size_render_exactly_whole_and_in_farm_tiles() 
         assert_same_pixels(&out.join("frame_0001.png"), &refs.join("ref_0001.png"));
         let st = status(&f.coord.url, job);
         assert_eq!(st["tasks"][0]["attempts"], 0, "no failed attempt: {st:#}");
+        // Each pixel renders on its own (no adaptive sampling, denoising or
+        // compositing), so the tiles had no overscan and still stitched
+        // exactly.
+        assert_eq!(st["overscan"], 0, "{st:#}");
     }
 }
 
