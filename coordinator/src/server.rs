@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 
 use crate::adapters::connections::{ConnectionLimits, Gate, PaceBodies, Permit, Watched};
 use crate::adapters::grpc::{BlobsService, FarmService, WorkService};
-use crate::adapters::lanes::{self, ClientsLane, Lane, Rewound};
+use crate::adapters::lanes::{self, ClientsLane, Conn, Homed, Lane, Rewound};
 use crate::auth::Role;
 use crate::blobs::{BlobStore, FsBlobStore};
 use crate::clock::SystemClock;
@@ -168,21 +168,15 @@ impl Coordinator {
         };
         let addr = listener.local_addr().ok();
         let http = http.map(|l| l.into_std()).transpose().map_err(lane_io)?;
-        // Without TLS, gRPC connections are sorted into the lanes by their
-        // first request; with it, all are the fleet's (the request is
-        // encrypted).
-        let sorted = self.tls.is_none();
+        // Every gRPC connection is accepted, its TLS session made, and
+        // sorted into a lane by its first request in the clients' lane.
+        let grpc_tls = match &self.tls {
+            Some((cert, key)) => Some(crate::adapters::http::tls::grpc_acceptor(cert, key)?),
+            None => None,
+        };
         let (fleet_tx, fleet_rx) = tokio::sync::mpsc::unbounded_channel::<Handed>();
-        let (listener, lane_listener) = if sorted {
-            (None, Some(listener.into_std().map_err(lane_io)?))
-        } else {
-            (Some(listener), None)
-        };
-        let clients_router = if sorted {
-            Some(self.grpc_router()?)
-        } else {
-            None
-        };
+        let lane_listener = listener.into_std().map_err(lane_io)?;
+        let clients_router = self.grpc_router();
         let lane = {
             let farm = self.farm.clone();
             let gate = gate.clone();
@@ -204,25 +198,23 @@ impl Coordinator {
                         .await
                     })
                 });
-                if let (Some(l), Some(router)) = (lane_listener, clients_router) {
-                    match TcpListener::from_std(l) {
-                        Ok(l) => {
-                            let (clients_tx, clients_rx) = tokio::sync::mpsc::unbounded_channel();
-                            let accept = tokio::spawn(accept(l, gate, clients_tx, fleet_tx));
-                            let _accept_guard = AbortOnDrop(accept.abort_handle());
-                            let incoming = tokio_stream::StreamExt::map(
-                                tokio_stream::wrappers::UnboundedReceiverStream::new(clients_rx),
-                                Ok::<_, std::io::Error>,
-                            );
-                            if let Err(e) = router
-                                .serve_with_incoming_shutdown(incoming, stopped.clone().wait())
-                                .await
-                            {
-                                tracing::error!("the clients' gRPC server stopped: {e}");
-                            }
+                match TcpListener::from_std(lane_listener) {
+                    Ok(l) => {
+                        let (clients_tx, clients_rx) = tokio::sync::mpsc::unbounded_channel();
+                        let accept = tokio::spawn(accept(l, grpc_tls, gate, clients_tx, fleet_tx));
+                        let _accept_guard = AbortOnDrop(accept.abort_handle());
+                        let incoming = tokio_stream::StreamExt::map(
+                            tokio_stream::wrappers::UnboundedReceiverStream::new(clients_rx),
+                            Ok::<_, std::io::Error>,
+                        );
+                        if let Err(e) = clients_router
+                            .serve_with_incoming_shutdown(incoming, stopped.clone().wait())
+                            .await
+                        {
+                            tracing::error!("the clients' gRPC server stopped: {e}");
                         }
-                        Err(e) => tracing::error!("cannot serve gRPC in the clients' lane: {e}"),
                     }
+                    Err(e) => tracing::error!("cannot serve gRPC in the clients' lane: {e}"),
                 }
                 if let Some(t) = http_task {
                     match t.await {
@@ -270,37 +262,25 @@ impl Coordinator {
             }
         });
         let _reaper_guard = AbortOnDrop(reaper.abort_handle());
-        tracing::info!(?addr, sorted, "coordinator listening");
-        let router = self.grpc_router()?;
-        let result = match listener {
-            Some(l) => {
-                router
-                    .serve_with_incoming_shutdown(
-                        crate::adapters::connections::gated(l, gate),
-                        shutdown,
-                    )
-                    .await
-            }
-            None => {
-                let incoming = tokio_stream::StreamExt::filter_map(
-                    tokio_stream::wrappers::UnboundedReceiverStream::new(fleet_rx),
-                    |h: Handed| match tokio::net::TcpStream::from_std(h.stream) {
-                        Ok(s) => Some(Ok::<_, std::io::Error>(Watched::new(
-                            Rewound::new(h.head, s),
-                            h.permit,
-                            0,
-                        ))),
-                        Err(e) => {
-                            tracing::warn!("cannot take over a worker's connection: {e}");
-                            None
-                        }
-                    },
-                );
-                router
-                    .serve_with_incoming_shutdown(incoming, shutdown)
-                    .await
-            }
-        };
+        tracing::info!(?addr, "coordinator listening");
+        let incoming = tokio_stream::StreamExt::filter_map(
+            tokio_stream::wrappers::UnboundedReceiverStream::new(fleet_rx),
+            |mut h: Handed| match h.conn.homed().settle() {
+                Ok(()) => Some(Ok::<_, std::io::Error>(Watched::new(
+                    Rewound::new(h.head, h.conn),
+                    h.permit,
+                    0,
+                ))),
+                Err(e) => {
+                    tracing::warn!("cannot take over a worker's connection: {e}");
+                    None
+                }
+            },
+        );
+        let result = self
+            .grpc_router()
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await;
         reaper.abort();
         lane.finish().await;
         result.map_err(|e| Error::Internal(format!("the gRPC server stopped: {e}")))
@@ -309,11 +289,8 @@ impl Coordinator {
     /// The gRPC services, as each lane serves them.
     fn grpc_router(
         &self,
-    ) -> Result<
-        tonic::transport::server::Router<
-            tower::layer::util::Stack<PaceBodies, tower::layer::util::Identity>,
-        >,
-        Error,
+    ) -> tonic::transport::server::Router<
+        tower::layer::util::Stack<PaceBodies, tower::layer::util::Identity>,
     > {
         let guard = |roles: &'static [Role]| {
             let farm = self.farm.clone();
@@ -348,33 +325,25 @@ impl Coordinator {
         // Wide HTTP/2 windows: blobs stream in 1 MiB chunks (the default
         // 64 KiB windows stall them every few chunks).
         let limits = self.limits;
-        let mut builder = tonic::transport::Server::builder()
+        // TLS sessions are made in the clients' lane, before sorting.
+        tonic::transport::Server::builder()
             .initial_stream_window_size(Some(8 << 20))
             .initial_connection_window_size(Some(32 << 20))
             // Pings keep a live client's connection moving (so only a dead
             // or silent one meets --idle-timeout) and find dead peers.
             .http2_keepalive_interval(Some(limits.keepalive()))
             .http2_keepalive_timeout(Some(limits.keepalive()))
-            .layer(PaceBodies(limits.body_timeout));
-        if let Some((cert, key)) = &self.tls {
-            let identity = tonic::transport::Identity::from_pem(cert, key);
-            builder = builder
-                .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
-                .map_err(|e| {
-                    Error::invalid(format!("bad TLS certificate or key: {e}; give PEM files"))
-                })?;
-        }
-        Ok(builder
+            .layer(PaceBodies(limits.body_timeout))
             .add_service(blobs)
             .add_service(farm)
-            .add_service(work))
+            .add_service(work)
     }
 }
 
 /// A worker's connection, sorted in the clients' lane and handed to the
 /// fleet's runtime (which registers the socket with its own reactor).
 struct Handed {
-    stream: std::net::TcpStream,
+    conn: Conn,
     permit: Permit,
     head: Vec<u8>,
 }
@@ -384,12 +353,13 @@ struct Handed {
 /// or handed to the fleet. Refused and silent ones are closed.
 async fn accept(
     listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     gate: Arc<Gate>,
-    clients: tokio::sync::mpsc::UnboundedSender<Watched<Rewound<tokio::net::TcpStream>>>,
+    clients: tokio::sync::mpsc::UnboundedSender<Watched<Rewound<Conn>>>,
     fleet: tokio::sync::mpsc::UnboundedSender<Handed>,
 ) {
     loop {
-        let (mut s, peer) = match listener.accept().await {
+        let (s, peer) = match listener.accept().await {
             Ok(c) => c,
             Err(e) => {
                 // Out of file descriptors, most likely: let some close.
@@ -406,21 +376,35 @@ async fn accept(
         let Some(permit) = gate.admit_logged(peer.ip(), "gRPC") else {
             continue;
         };
+        // The TLS handshake and the HTTP/2 preface are due within the
+        // header timeout.
         let deadline = tokio::time::Instant::now() + gate.limits().header_timeout;
-        let (clients, fleet) = (clients.clone(), fleet.clone());
+        let (clients, fleet, tls) = (clients.clone(), fleet.clone(), tls.clone());
         tokio::spawn(async move {
-            match lanes::sort(&mut s, deadline).await {
+            let mut conn = match tls {
+                None => Conn::Plain(Homed::new(s)),
+                Some(tls) => {
+                    match tokio::time::timeout_at(deadline, tls.accept(Homed::new(s))).await {
+                        Ok(Ok(t)) => Conn::Tls(Box::new(t)),
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, "TLS handshake failed: {e}");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake not done within the header timeout");
+                            return;
+                        }
+                    }
+                }
+            };
+            match lanes::sort(&mut conn, deadline).await {
                 Ok((Lane::Clients, head)) => {
                     tracing::debug!(%peer, "a client's connection, served in the clients' lane");
-                    let _ = clients.send(Watched::new(Rewound::new(head, s), permit, 0));
+                    let _ = clients.send(Watched::new(Rewound::new(head, conn), permit, 0));
                 }
-                Ok((Lane::Fleet, head)) => match s.into_std() {
-                    Ok(stream) => {
-                        let _ = fleet.send(Handed {
-                            stream,
-                            permit,
-                            head,
-                        });
+                Ok((Lane::Fleet, head)) => match conn.homed().leave() {
+                    Ok(()) => {
+                        let _ = fleet.send(Handed { conn, permit, head });
                     }
                     Err(e) => tracing::warn!(%peer, "cannot hand a connection over: {e}"),
                 },

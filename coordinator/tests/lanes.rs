@@ -15,15 +15,105 @@ const HELD: Duration = Duration::from_secs(3);
 
 #[test]
 fn a_clients_call_is_answered_while_the_fleets_runtime_is_held_and_a_workers_waits() {
-    let dir = std::env::temp_dir().join(format!("tessera-lanes-{}", std::process::id()));
+    lanes_hold(false);
+}
+
+#[test]
+fn the_lanes_hold_over_tls_too() {
+    lanes_hold(true);
+}
+
+/// A CA and a certificate for 127.0.0.1 signed by it, made with openssl:
+/// (CA PEM, certificate PEM, key PEM).
+fn certificate(dir: &std::path::Path) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+    let p = |n: &str| dir.join(n).to_str().unwrap().to_string();
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    let runs: [Vec<String>; 3] = [
+        [
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=lanes CA",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(["-keyout".into(), p("ca.key"), "-out".into(), p("ca.pem")])
+        .collect(),
+        [
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(["-keyout".into(), p("key.pem"), "-out".into(), p("req.csr")])
+        .collect(),
+        ["x509", "-req", "-days", "2"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([
+                "-in".into(),
+                p("req.csr"),
+                "-CA".into(),
+                p("ca.pem"),
+                "-CAkey".into(),
+                p("ca.key"),
+                "-CAcreateserial".into(),
+                "-extfile".into(),
+                p("ext.cnf"),
+                "-out".into(),
+                p("cert.pem"),
+            ])
+            .collect(),
+    ];
+    for args in runs {
+        let out = std::process::Command::new("openssl")
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let read = |n: &str| std::fs::read(dir.join(n)).unwrap();
+    (read("ca.pem"), read("cert.pem"), read("key.pem"))
+}
+
+fn lanes_hold(tls: bool) {
+    let dir = std::env::temp_dir().join(format!("tessera-lanes-{}-{tls}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
     // The fleet's runtime: one thread, so holding it holds the fleet.
     let fleet = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .unwrap();
-    let coord = Coordinator::open(&dir, Config::default()).unwrap();
+    let mut coord = Coordinator::open(&dir.join("data"), Config::default()).unwrap();
+    let ca = if tls {
+        let (ca, cert, key) = certificate(&dir);
+        coord = coord.with_tls(cert, key);
+        Some(
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(ca)),
+        )
+    } else {
+        None
+    };
     let token = std::fs::read_to_string(coord.admin_token_path().unwrap())
         .unwrap()
         .trim()
@@ -31,7 +121,15 @@ fn a_clients_call_is_answered_while_the_fleets_runtime_is_held_and_a_workers_wai
     let listener = fleet
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
+    let scheme = if tls { "https" } else { "http" };
+    let url = format!("{scheme}://{}", listener.local_addr().unwrap());
+    let endpoint = move |url: String| {
+        let e = tonic::transport::Endpoint::from_shared(url).unwrap();
+        match ca.clone() {
+            Some(ca) => e.tls_config(ca).unwrap(),
+            None => e,
+        }
+    };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = fleet.spawn(coord.serve(listener, None, async {
         let _ = stopped.await;
@@ -45,12 +143,9 @@ fn a_clients_call_is_answered_while_the_fleets_runtime_is_held_and_a_workers_wai
     let bearer: tonic::metadata::MetadataValue<_> = format!("Bearer {token}").parse().unwrap();
     let list_jobs = |url: String| {
         let bearer = bearer.clone();
+        let endpoint = endpoint.clone();
         async move {
-            let ch = tonic::transport::Endpoint::from_shared(url)
-                .unwrap()
-                .connect()
-                .await
-                .unwrap();
+            let ch = endpoint(url).connect().await.unwrap();
             let mut farm = pb::farm_client::FarmClient::new(ch);
             let mut req = tonic::Request::new(pb::ListJobsRequest::default());
             req.metadata_mut().insert("authorization", bearer);
@@ -84,11 +179,7 @@ fn a_clients_call_is_answered_while_the_fleets_runtime_is_held_and_a_workers_wai
     // A worker's new connection goes to the fleet, which answers (here a
     // refusal: no worker token) only once its thread is free.
     let registered = clients.block_on(async {
-        let ch = tonic::transport::Endpoint::from_shared(url.clone())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+        let ch = endpoint(url.clone()).connect().await.unwrap();
         pb::work_client::WorkClient::new(ch)
             .register(pb::WorkerInfo::default())
             .await

@@ -17,9 +17,10 @@
 //! serves the fleet. The bytes read to sort it are replayed to the server
 //! ([`Rewound`]), so sorting changes nothing a connection sees.
 //!
-//! With `--tls` the first request is encrypted, so gRPC connections are not
-//! sorted: all are served on the main runtime as before (the HTTP port still
-//! has the lane).
+//! With `--tls` the lane makes the TLS handshake and reads the first
+//! request decrypted. A connection handed to the fleet keeps its TLS
+//! session and moves its socket to the main runtime's reactor ([`Homed`]),
+//! so the fleet's I/O never waits on the lane's thread.
 
 use std::io;
 use std::pin::Pin;
@@ -246,8 +247,8 @@ pub(crate) const FIRST_REQUEST_WAIT: std::time::Duration = std::time::Duration::
 /// `TimedOut`; one whose first request is not in [`FIRST_REQUEST_WAIT`]
 /// after its preface goes to the fleet. One that fails or closes first is
 /// an error.
-pub(crate) async fn sort(
-    stream: &mut tokio::net::TcpStream,
+pub(crate) async fn sort<S: AsyncRead + Unpin>(
+    stream: &mut S,
     deadline: tokio::time::Instant,
 ) -> io::Result<(Lane, Vec<u8>)> {
     use tokio::io::AsyncReadExt;
@@ -276,6 +277,177 @@ pub(crate) async fn sort(
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
         head.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// A connection's socket that can move from the runtime that accepted it to
+/// another, under a TLS session: the socket leaves its reactor
+/// ([`Homed::leave`]) and joins the reactor of the runtime it is then
+/// served on ([`Homed::settle`]), while the TLS session above it stays.
+pub struct Homed {
+    state: Home,
+    local: Option<std::net::SocketAddr>,
+    remote: Option<std::net::SocketAddr>,
+}
+
+enum Home {
+    Here(tokio::net::TcpStream),
+    Moving(std::net::TcpStream),
+    Gone,
+}
+
+impl Homed {
+    /// `stream`, at home in the runtime it was made in.
+    pub(crate) fn new(stream: tokio::net::TcpStream) -> Self {
+        Self {
+            local: stream.local_addr().ok(),
+            remote: stream.peer_addr().ok(),
+            state: Home::Here(stream),
+        }
+    }
+
+    /// Leaves this runtime's reactor, to [`settle`](Self::settle) in another.
+    pub(crate) fn leave(&mut self) -> io::Result<()> {
+        if let Home::Here(s) = std::mem::replace(&mut self.state, Home::Gone) {
+            self.state = Home::Moving(s.into_std()?);
+        }
+        Ok(())
+    }
+
+    /// Joins the reactor of the runtime this is called in.
+    pub(crate) fn settle(&mut self) -> io::Result<()> {
+        if let Home::Moving(s) = std::mem::replace(&mut self.state, Home::Gone) {
+            self.state = Home::Here(tokio::net::TcpStream::from_std(s)?);
+        }
+        Ok(())
+    }
+
+    fn here(&mut self) -> io::Result<Pin<&mut tokio::net::TcpStream>> {
+        match &mut self.state {
+            Home::Here(s) => Ok(Pin::new(s)),
+            _ => Err(io::Error::other("the connection is between runtimes")),
+        }
+    }
+}
+
+impl AsyncRead for Homed {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.here() {
+            Ok(s) => s.poll_read(cx, buf),
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+}
+
+impl AsyncWrite for Homed {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.here() {
+            Ok(s) => s.poll_write(cx, buf),
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.here() {
+            Ok(s) => s.poll_flush(cx),
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.here() {
+            Ok(s) => s.poll_shutdown(cx),
+            Err(e) => Poll::Ready(Err(e)),
+        }
+    }
+}
+
+impl tonic::transport::server::Connected for Homed {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        tonic::transport::server::TcpConnectInfo {
+            local_addr: self.local,
+            remote_addr: self.remote,
+        }
+    }
+}
+
+/// A gRPC connection, plain or under TLS, whose socket can move between
+/// runtimes ([`Homed`]).
+pub enum Conn {
+    /// Plain HTTP/2.
+    Plain(Homed),
+    /// HTTP/2 under TLS; the session made in the clients' lane.
+    Tls(Box<tokio_rustls::server::TlsStream<Homed>>),
+}
+
+impl Conn {
+    /// The socket under the connection.
+    pub(crate) fn homed(&mut self) -> &mut Homed {
+        match self {
+            Conn::Plain(h) => h,
+            Conn::Tls(t) => t.get_mut().0,
+        }
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(h) => Pin::new(h).poll_read(cx, buf),
+            Conn::Tls(t) => Pin::new(t.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Conn::Plain(h) => Pin::new(h).poll_write(cx, buf),
+            Conn::Tls(t) => Pin::new(t.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(h) => Pin::new(h).poll_flush(cx),
+            Conn::Tls(t) => Pin::new(t.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Conn::Plain(h) => Pin::new(h).poll_shutdown(cx),
+            Conn::Tls(t) => Pin::new(t.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+impl tonic::transport::server::Connected for Conn {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        match self {
+            Conn::Plain(h) => h.connect_info(),
+            Conn::Tls(t) => t.get_ref().0.connect_info(),
+        }
     }
 }
 

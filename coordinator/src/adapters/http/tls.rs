@@ -20,13 +20,29 @@ use crate::error::Error;
 /// How long a client may take over its TLS handshake.
 const HANDSHAKE: Duration = Duration::from_secs(10);
 
-/// A TLS acceptor for this certificate chain and key (PEM).
+/// A TLS acceptor for this certificate chain and key (PEM), for the HTTP port.
 pub fn acceptor(cert_pem: &[u8], key_pem: &[u8]) -> Result<TlsAcceptor, Error> {
+    acceptor_for(cert_pem, key_pem, b"http/1.1", "--http")
+}
+
+/// A TLS acceptor for the gRPC port (HTTP/2, as gRPC clients ask by ALPN).
+pub fn grpc_acceptor(cert_pem: &[u8], key_pem: &[u8]) -> Result<TlsAcceptor, Error> {
+    acceptor_for(cert_pem, key_pem, b"h2", "gRPC")
+}
+
+/// A TLS acceptor for this certificate chain and key (PEM), offering the
+/// protocol `alpn`; `port` names the port in errors.
+fn acceptor_for(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    alpn: &[u8],
+    port: &str,
+) -> Result<TlsAcceptor, Error> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let bad = |what: &str, e: &dyn std::fmt::Display| {
         Error::invalid(format!(
-            "bad TLS {what} for --http: {e}; give the PEM files of --tls-cert and --tls-key"
+            "bad TLS {what} for {port}: {e}; give the PEM files of --tls-cert and --tls-key"
         ))
     };
     let certs = CertificateDer::pem_slice_iter(cert_pem)
@@ -43,7 +59,7 @@ pub fn acceptor(cert_pem: &[u8], key_pem: &[u8]) -> Result<TlsAcceptor, Error> {
         .with_no_client_auth()
         .with_single_cert(certs, key)
         .map_err(|e| bad("certificate or key", &e))?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = vec![alpn.to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
