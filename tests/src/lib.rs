@@ -102,6 +102,87 @@ pub fn blender() -> PathBuf {
     std::env::var_os("TESSERA_BLENDER").map_or_else(|| PathBuf::from("blender"), PathBuf::from)
 }
 
+/// A CA, and a server certificate for `localhost` and 127.0.0.1 signed by
+/// it, made with openssl in `dir` (PEM files).
+pub struct TlsFiles {
+    /// The CA's certificate.
+    pub ca: PathBuf,
+    /// The server's certificate.
+    pub cert: PathBuf,
+    /// The server's key.
+    pub key: PathBuf,
+}
+
+/// Makes [`TlsFiles`] in `dir`.
+pub fn tls_files(dir: &Path) -> TlsFiles {
+    let (ca, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
+    let (cert, key, csr) = (
+        dir.join("cert.pem"),
+        dir.join("key.pem"),
+        dir.join("req.csr"),
+    );
+    let ext = dir.join("ext.cnf");
+    std::fs::write(&ext, "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n").unwrap();
+    let p = |x: &PathBuf| x.to_str().unwrap().to_string();
+    for args in [
+        vec![
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=Tessera test CA",
+            "-keyout",
+            &p(&ca_key),
+            "-out",
+            &p(&ca),
+        ],
+        vec![
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=localhost",
+            "-keyout",
+            &p(&key),
+            "-out",
+            &p(&csr),
+        ],
+        vec![
+            "x509",
+            "-req",
+            "-in",
+            &p(&csr),
+            "-CA",
+            &p(&ca),
+            "-CAkey",
+            &p(&ca_key),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &p(&ext),
+            "-out",
+            &p(&cert),
+        ],
+    ] {
+        let made = std::process::Command::new("openssl")
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(
+            made.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+    }
+    TlsFiles { ca, cert, key }
+}
+
 /// A scratch directory that lives as long as the test.
 pub fn scratch() -> tempfile::TempDir {
     tempfile::Builder::new()

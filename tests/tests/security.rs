@@ -149,72 +149,7 @@ fn tokens_roles_and_ownership() {
 fn tls_end_to_end_and_no_plain_text_off_loopback() {
     let scene = tiny_scene("still", 4, 1);
     let dir = scratch();
-    // A CA, and a server certificate for localhost signed by it.
-    let (ca, ca_key) = (dir.path().join("ca.pem"), dir.path().join("ca.key"));
-    let (cert, key, csr) = (
-        dir.path().join("cert.pem"),
-        dir.path().join("key.pem"),
-        dir.path().join("req.csr"),
-    );
-    let ext = dir.path().join("ext.cnf");
-    std::fs::write(&ext, "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n").unwrap();
-    let p = |x: &std::path::PathBuf| x.to_str().unwrap().to_string();
-    for args in [
-        vec![
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=Tessera test CA",
-            "-keyout",
-            &p(&ca_key),
-            "-out",
-            &p(&ca),
-        ],
-        vec![
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=localhost",
-            "-keyout",
-            &p(&key),
-            "-out",
-            &p(&csr),
-        ],
-        vec![
-            "x509",
-            "-req",
-            "-in",
-            &p(&csr),
-            "-CA",
-            &p(&ca),
-            "-CAkey",
-            &p(&ca_key),
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            &p(&ext),
-            "-out",
-            &p(&cert),
-        ],
-    ] {
-        let made = std::process::Command::new("openssl")
-            .args(&args)
-            .output()
-            .unwrap();
-        assert!(
-            made.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&made.stderr)
-        );
-    }
+    let TlsFiles { ca, cert, key } = tls_files(dir.path());
     let coord = Coordinator::start(
         &dir.path().join("data"),
         "127.0.0.1:0",

@@ -23,80 +23,9 @@ fn the_lanes_hold_over_tls_too() {
     lanes_hold(true);
 }
 
-/// A CA and a certificate for 127.0.0.1 signed by it, made with openssl:
-/// (CA PEM, certificate PEM, key PEM).
-fn certificate(dir: &std::path::Path) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
-    let p = |n: &str| dir.join(n).to_str().unwrap().to_string();
-    std::fs::write(
-        dir.join("ext.cnf"),
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    let runs: [Vec<String>; 3] = [
-        [
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=lanes CA",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .chain(["-keyout".into(), p("ca.key"), "-out".into(), p("ca.pem")])
-        .collect(),
-        [
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=127.0.0.1",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .chain(["-keyout".into(), p("key.pem"), "-out".into(), p("req.csr")])
-        .collect(),
-        ["x509", "-req", "-days", "2"]
-            .iter()
-            .map(|s| s.to_string())
-            .chain([
-                "-in".into(),
-                p("req.csr"),
-                "-CA".into(),
-                p("ca.pem"),
-                "-CAkey".into(),
-                p("ca.key"),
-                "-CAcreateserial".into(),
-                "-extfile".into(),
-                p("ext.cnf"),
-                "-out".into(),
-                p("cert.pem"),
-            ])
-            .collect(),
-    ];
-    for args in runs {
-        let out = std::process::Command::new("openssl")
-            .args(&args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let read = |n: &str| std::fs::read(dir.join(n)).unwrap();
-    (read("ca.pem"), read("cert.pem"), read("key.pem"))
-}
-
 fn lanes_hold(tls: bool) {
-    let dir = std::env::temp_dir().join(format!("tessera-lanes-{}-{tls}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = tessera_tests::scratch();
+    let dir = scratch.path();
     // The fleet's runtime: one thread, so holding it holds the fleet.
     let fleet = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -105,7 +34,9 @@ fn lanes_hold(tls: bool) {
         .unwrap();
     let mut coord = Coordinator::open(&dir.join("data"), Config::default()).unwrap();
     let ca = if tls {
-        let (ca, cert, key) = certificate(&dir);
+        let files = tessera_tests::tls_files(dir);
+        let read = |p: &std::path::Path| std::fs::read(p).unwrap();
+        let (ca, cert, key) = (read(&files.ca), read(&files.cert), read(&files.key));
         coord = coord.with_tls(cert, key);
         Some(
             tonic::transport::ClientTlsConfig::new()
@@ -197,5 +128,4 @@ fn lanes_hold(tls: bool) {
         .block_on(server)
         .unwrap()
         .expect("the coordinator stops cleanly");
-    let _ = std::fs::remove_dir_all(&dir);
 }
