@@ -172,6 +172,17 @@ fn a_scene_saved_by_4_5_renders_on_4_5_and_a_3_4_scene_where_it_is_asked_to() {
     assert_eq!(status(&f.coord.url, job)["blender"], "^4.5");
     assert_eq!(rendered_by(f, job), ["new"]);
     exact(f, job, &out, &s45, Some(&f.python));
+    // In tiles, with the overscan the scene asks for (none: each pixel
+    // renders on its own), stitched to exactly the frames 4.5 renders.
+    let (job, out) = render(f, &s45, "1-2", &["--tiles", "2x2"]);
+    let s = status(&f.coord.url, job);
+    assert_eq!(
+        (&s["tiles"], &s["overscan"]),
+        (&"2x2".into(), &0.into()),
+        "{s:#}"
+    );
+    assert_eq!(rendered_by(f, job), ["new"]);
+    exact(f, job, &out, &s45, Some(&f.python));
 
     // A 3.4 scene goes to 3.4 unless asked otherwise; asked for 4.5, it is
     // rendered by 4.5 exactly as 4.5 renders it directly.
