@@ -12,3 +12,4 @@ pub mod http;
 pub mod lanes;
 pub mod metrics;
 pub mod refusal;
+pub(crate) mod throttle;

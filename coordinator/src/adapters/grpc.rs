@@ -309,6 +309,10 @@ impl pb::farm_server::Farm for FarmService {
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         tokio::spawn(async move {
             let mut snap = first;
+            // At most 10 events a second; a change after a quiet spell
+            // (the job's end, most often) goes at once.
+            let mut pace = crate::adapters::throttle::Throttle::new(Duration::from_millis(100));
+            pace.ready().await;
             loop {
                 let done = snap.job.state.is_final();
                 let event = pb::JobEvent {
@@ -317,7 +321,8 @@ impl pb::farm_server::Farm for FarmService {
                 if tx.send(Ok(event)).await.is_err() || done {
                     return;
                 }
-                // Wait for a change of this job, then let a burst settle.
+                // Wait for a change of this job, then take in the rest of
+                // its burst until the next event may go.
                 loop {
                     match events.recv().await {
                         Ok(crate::farm::FarmEvent::Job(j)) if j == id => break,
@@ -326,7 +331,7 @@ impl pb::farm_server::Farm for FarmService {
                         Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                     }
                 }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                pace.ready().await;
                 while events.try_recv().is_ok() {}
                 snap = match farm.job_page(id, crate::farm::Page::SUMMARY) {
                     Ok(s) => s,

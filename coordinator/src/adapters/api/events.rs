@@ -7,7 +7,8 @@
 //!   each job the caller may see, when it or one of its tasks changed;
 //! - `worker`: a worker's JSON, when it registered or reported.
 //!
-//! Bursts are folded: changes within [`SETTLE`] send each job once. A
+//! Bursts are folded: at most one send per [`SETTLE`], each job once in
+//! it, and a change after a quiet spell (a job's end) goes at once. A
 //! stream that falls behind the channel resends every unfinished job and
 //! every worker, then goes on.
 
@@ -30,7 +31,8 @@ use crate::farm::{FarmEvent, Page};
 use crate::model::job::JobId;
 use crate::model::worker::WorkerId;
 
-/// How long a burst of changes settles before it is sent.
+/// The least time between two sends of a stream: a burst of changes
+/// within it is folded into one.
 pub const SETTLE: Duration = Duration::from_millis(150);
 
 /// Counts a user's open streams; the count drops with the stream.
@@ -98,6 +100,7 @@ async fn forward(api: &Api, who: &Identity, tx: &mpsc::Sender<Event>) {
     if tx.send(hello).await.is_err() {
         return;
     }
+    let mut pace = crate::adapters::throttle::Throttle::new(SETTLE);
     loop {
         let mut jobs = BTreeSet::new();
         let mut workers = BTreeSet::new();
@@ -107,7 +110,7 @@ async fn forward(api: &Api, who: &Identity, tx: &mpsc::Sender<Event>) {
             Err(RecvError::Lagged(_)) => resend = true,
             Err(RecvError::Closed) => return,
         }
-        tokio::time::sleep(SETTLE).await;
+        pace.ready().await;
         loop {
             match changes.try_recv() {
                 Ok(e) => note(e, &mut jobs, &mut workers),
