@@ -331,6 +331,8 @@ pub struct WorkerSnapshot {
 pub enum FarmEvent {
     /// A job or one of its tasks changed.
     Job(JobId),
+    /// A job ended (done, failed or canceled): its watchers hear at once.
+    JobEnded(JobId),
     /// A worker registered, reported telemetry or changed its health.
     Worker(WorkerId),
 }

@@ -322,16 +322,32 @@ impl pb::farm_server::Farm for FarmService {
                     return;
                 }
                 // Wait for a change of this job, then take in the rest of
-                // its burst until the next event may go.
-                loop {
+                // its burst until the next event may go (at once when it
+                // ended).
+                let ended = loop {
                     match events.recv().await {
-                        Ok(crate::farm::FarmEvent::Job(j)) if j == id => break,
+                        Ok(crate::farm::FarmEvent::Job(j)) if j == id => break false,
+                        Ok(crate::farm::FarmEvent::JobEnded(j)) if j == id => break true,
                         Ok(_) => {}
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break false,
                         Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                     }
+                };
+                if !ended {
+                    // The rest of the interval, cut short by the job's end.
+                    let wait = pace.ready();
+                    tokio::pin!(wait);
+                    loop {
+                        tokio::select! {
+                            () = &mut wait => break,
+                            e = events.recv() => match e {
+                                Ok(crate::farm::FarmEvent::JobEnded(j)) if j == id => break,
+                                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                                _ => {}
+                            },
+                        }
+                    }
                 }
-                pace.ready().await;
                 while events.try_recv().is_ok() {}
                 snap = match farm.job_page(id, crate::farm::Page::SUMMARY) {
                     Ok(s) => s,

@@ -215,7 +215,10 @@ impl State {
         if let Some(state) = new_state {
             self.dependency_changed(id, Some(state));
         }
-        self.announce(FarmEvent::Job(id));
+        self.announce(match new_state {
+            Some(s) if s.is_final() => FarmEvent::JobEnded(id),
+            _ => FarmEvent::Job(id),
+        });
     }
 
     /// Takes job `id` out of memory entirely (archive or delete): its tasks'

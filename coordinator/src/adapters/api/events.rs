@@ -105,15 +105,34 @@ async fn forward(api: &Api, who: &Identity, tx: &mpsc::Sender<Event>) {
         let mut jobs = BTreeSet::new();
         let mut workers = BTreeSet::new();
         let mut resend = false;
-        match changes.recv().await {
+        // A job's end goes at once; other changes wait for the interval.
+        let mut ended = match changes.recv().await {
             Ok(e) => note(e, &mut jobs, &mut workers),
-            Err(RecvError::Lagged(_)) => resend = true,
+            Err(RecvError::Lagged(_)) => {
+                resend = true;
+                false
+            }
             Err(RecvError::Closed) => return,
+        };
+        if !ended {
+            let wait = pace.ready();
+            tokio::pin!(wait);
+            while !ended {
+                tokio::select! {
+                    () = &mut wait => break,
+                    e = changes.recv() => match e {
+                        Ok(e) => ended = note(e, &mut jobs, &mut workers),
+                        Err(RecvError::Lagged(_)) => resend = true,
+                        Err(RecvError::Closed) => return,
+                    },
+                }
+            }
         }
-        pace.ready().await;
         loop {
             match changes.try_recv() {
-                Ok(e) => note(e, &mut jobs, &mut workers),
+                Ok(e) => {
+                    note(e, &mut jobs, &mut workers);
+                }
                 Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => resend = true,
                 Err(_) => break,
             }
@@ -130,13 +149,20 @@ async fn forward(api: &Api, who: &Identity, tx: &mpsc::Sender<Event>) {
     }
 }
 
-fn note(e: FarmEvent, jobs: &mut BTreeSet<JobId>, workers: &mut BTreeSet<WorkerId>) {
+/// Notes a change; true when it is a job's end (sent without waiting).
+fn note(e: FarmEvent, jobs: &mut BTreeSet<JobId>, workers: &mut BTreeSet<WorkerId>) -> bool {
     match e {
         FarmEvent::Job(j) => {
             jobs.insert(j);
+            false
+        }
+        FarmEvent::JobEnded(j) => {
+            jobs.insert(j);
+            true
         }
         FarmEvent::Worker(w) => {
             workers.insert(w);
+            false
         }
     }
 }
