@@ -78,7 +78,9 @@ def prepare(context):
             "priority": int(s.priority),
             "max_attempts": 0,
             "tiles": (s.tiles or "1x1").replace(" ", ""),
-            "overscan": 16,
+            # No margin when each pixel renders on its own, as `tessera submit`
+            # chooses (deps.neighbours); else the farm's 16 px.
+            "overscan": 0 if report.get("neighbours") == [] else 16,
             "scene_info": {"width": facts["width"], "height": facts["height"],
                            "file_format": facts["file_format"],
                            "fps": facts.get("fps", 0.0)},
