@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 
 use crate::adapters::connections::{ConnectionLimits, Gate, PaceBodies, Permit, Watched};
 use crate::adapters::grpc::{BlobsService, FarmService, WorkService};
-use crate::adapters::lanes::{self, ClientsLane, Conn, Homed, Lane, Rewound};
+use crate::adapters::lanes::{self, Conn, Homed, Lane, Rewound};
 use crate::auth::Role;
 use crate::blobs::{BlobStore, FsBlobStore};
 use crate::clock::SystemClock;
@@ -176,55 +176,19 @@ impl Coordinator {
         };
         let (fleet_tx, fleet_rx) = tokio::sync::mpsc::unbounded_channel::<Handed>();
         let lane_listener = listener.into_std().map_err(lane_io)?;
-        let clients_router = self.grpc_router();
         let lane = {
-            let farm = self.farm.clone();
-            let gate = gate.clone();
-            let active = self.active.clone();
-            ClientsLane::start(move |stopped| async move {
-                let http_task = http.map(|l| {
-                    let stopped = stopped.clone();
-                    let gate = gate.clone();
-                    tokio::spawn(async move {
-                        let l = TcpListener::from_std(l)?;
-                        crate::adapters::http::serve(
-                            farm,
-                            l,
-                            http_tls,
-                            gate,
-                            active,
-                            stopped.wait(),
-                        )
-                        .await
-                    })
-                });
-                match TcpListener::from_std(lane_listener) {
-                    Ok(l) => {
-                        let (clients_tx, clients_rx) = tokio::sync::mpsc::unbounded_channel();
-                        let accept = tokio::spawn(accept(l, grpc_tls, gate, clients_tx, fleet_tx));
-                        let _accept_guard = AbortOnDrop(accept.abort_handle());
-                        let incoming = tokio_stream::StreamExt::map(
-                            tokio_stream::wrappers::UnboundedReceiverStream::new(clients_rx),
-                            Ok::<_, std::io::Error>,
-                        );
-                        if let Err(e) = clients_router
-                            .serve_with_incoming_shutdown(incoming, stopped.clone().wait())
-                            .await
-                        {
-                            tracing::error!("the clients' gRPC server stopped: {e}");
-                        }
-                    }
-                    Err(e) => tracing::error!("cannot serve gRPC in the clients' lane: {e}"),
-                }
-                if let Some(t) = http_task {
-                    match t.await {
-                        Ok(Err(e)) => tracing::error!("HTTP server stopped: {e}"),
-                        Err(e) => tracing::error!("HTTP server stopped: {e}"),
-                        Ok(Ok(())) => {}
-                    }
-                }
-            })
-            .map_err(lane_io)?
+            let servers = LaneServers {
+                farm: self.farm.clone(),
+                active: self.active.clone(),
+                gate: gate.clone(),
+                http,
+                http_tls,
+                grpc: lane_listener,
+                grpc_tls,
+                router: self.grpc_router(),
+                fleet: fleet_tx,
+            };
+            lanes::ClientsLane::start(move |stopped| servers.serve(stopped)).map_err(lane_io)?
         };
         // Previews are made on a thread of their own, one at a time, until
         // this returns (the guard stops it).
@@ -287,11 +251,7 @@ impl Coordinator {
     }
 
     /// The gRPC services, as each lane serves them.
-    fn grpc_router(
-        &self,
-    ) -> tonic::transport::server::Router<
-        tower::layer::util::Stack<PaceBodies, tower::layer::util::Identity>,
-    > {
+    fn grpc_router(&self) -> GrpcRouter {
         let guard = |roles: &'static [Role]| {
             let farm = self.farm.clone();
             let active = self.active.clone();
@@ -337,6 +297,75 @@ impl Coordinator {
             .add_service(blobs)
             .add_service(farm)
             .add_service(work)
+    }
+}
+
+/// The gRPC services with their layers, as each lane serves them.
+type GrpcRouter = tonic::transport::server::Router<
+    tower::layer::util::Stack<PaceBodies, tower::layer::util::Identity>,
+>;
+
+/// What the clients' lane serves: the HTTP port whole, and every gRPC
+/// connection until it is sorted (then the clients' ones).
+struct LaneServers {
+    farm: Arc<Farm>,
+    active: Option<ActiveCheck>,
+    gate: Arc<Gate>,
+    http: Option<std::net::TcpListener>,
+    http_tls: Option<tokio_rustls::TlsAcceptor>,
+    grpc: std::net::TcpListener,
+    grpc_tls: Option<tokio_rustls::TlsAcceptor>,
+    router: GrpcRouter,
+    fleet: tokio::sync::mpsc::UnboundedSender<Handed>,
+}
+
+impl LaneServers {
+    /// Serves until `stopped` (on the lane's runtime, where the listeners
+    /// join its reactor).
+    async fn serve(self, stopped: lanes::Stopped) {
+        let Self {
+            farm,
+            active,
+            gate,
+            http,
+            http_tls,
+            grpc,
+            grpc_tls,
+            router,
+            fleet,
+        } = self;
+        let http_task = http.map(|l| {
+            let (stopped, gate) = (stopped.clone(), gate.clone());
+            tokio::spawn(async move {
+                let l = TcpListener::from_std(l)?;
+                crate::adapters::http::serve(farm, l, http_tls, gate, active, stopped.wait()).await
+            })
+        });
+        match TcpListener::from_std(grpc) {
+            Ok(l) => {
+                let (clients_tx, clients_rx) = tokio::sync::mpsc::unbounded_channel();
+                let accept = tokio::spawn(accept(l, grpc_tls, gate, clients_tx, fleet));
+                let _accept_guard = AbortOnDrop(accept.abort_handle());
+                let incoming = tokio_stream::StreamExt::map(
+                    tokio_stream::wrappers::UnboundedReceiverStream::new(clients_rx),
+                    Ok::<_, std::io::Error>,
+                );
+                if let Err(e) = router
+                    .serve_with_incoming_shutdown(incoming, stopped.wait())
+                    .await
+                {
+                    tracing::error!("the clients' gRPC server stopped: {e}");
+                }
+            }
+            Err(e) => tracing::error!("cannot serve gRPC in the clients' lane: {e}"),
+        }
+        if let Some(t) = http_task {
+            match t.await {
+                Ok(Err(e)) => tracing::error!("HTTP server stopped: {e}"),
+                Err(e) => tracing::error!("HTTP server stopped: {e}"),
+                Ok(Ok(())) => {}
+            }
+        }
     }
 }
 
