@@ -397,12 +397,7 @@ async fn accept(
                 continue;
             }
         };
-        // Small replies (a lease, an ack) must not wait for Nagle's
-        // algorithm and the peer's delayed ACK (about 40 ms).
-        if s.set_nodelay(true).is_err() {
-            continue;
-        }
-        let Some(permit) = gate.admit_logged(peer.ip(), "gRPC") else {
+        let Some(permit) = gate.admit_grpc(&s) else {
             continue;
         };
         // The TLS handshake and the HTTP/2 preface are due within the

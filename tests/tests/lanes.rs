@@ -10,8 +10,14 @@ use tessera_coordinator::farm::Config;
 use tessera_coordinator::server::Coordinator;
 use tessera_proto as pb;
 
-/// How long the fleet's only thread is held.
-const HELD: Duration = Duration::from_secs(3);
+/// The longest the fleet's only thread is held, should the client's call
+/// never be answered (the test then fails).
+const HOLD_LIMIT: Duration = Duration::from_secs(60);
+
+/// How long a worker's call is given, the fleet still held, to reach the
+/// coordinator and (wrongly) be answered: a call served in the clients'
+/// lane is answered within milliseconds.
+const WORKER_WINDOW: Duration = Duration::from_secs(1);
 
 #[test]
 fn a_clients_call_is_answered_while_the_fleets_runtime_is_held_and_a_workers_waits() {
@@ -87,17 +93,18 @@ fn lanes_hold(tls: bool) {
         .block_on(list_jobs(url.clone()))
         .expect("the farm answers before the fleet is held");
 
-    // Hold the fleet's only thread.
+    // Hold the fleet's only thread until told to let go.
     let held = Arc::new(AtomicBool::new(false));
+    let (started, holding_now) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
     let holding = held.clone();
     fleet.spawn(async move {
         holding.store(true, Ordering::SeqCst);
-        std::thread::sleep(HELD);
+        started.send(()).unwrap();
+        let _ = released.recv_timeout(HOLD_LIMIT);
         holding.store(false, Ordering::SeqCst);
     });
-    while !held.load(Ordering::SeqCst) {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    holding_now.recv().unwrap();
 
     // A client's new connection: sorted, served and answered in its lane.
     let listed = clients.block_on(list_jobs(url.clone()));
@@ -109,15 +116,28 @@ fn lanes_hold(tls: bool) {
 
     // A worker's new connection goes to the fleet, which answers (here a
     // refusal: no worker token) only once its thread is free.
-    let registered = clients.block_on(async {
-        let ch = endpoint(url.clone()).connect().await.unwrap();
-        pb::work_client::WorkClient::new(ch)
-            .register(pb::WorkerInfo::default())
-            .await
-    });
+    let worker = {
+        let (url, held) = (url.clone(), held.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let registered = rt.block_on(async {
+                let ch = endpoint(url).connect().await.unwrap();
+                pb::work_client::WorkClient::new(ch)
+                    .register(pb::WorkerInfo::default())
+                    .await
+            });
+            (registered, held.load(Ordering::SeqCst))
+        })
+    };
+    std::thread::sleep(WORKER_WINDOW);
+    release.send(()).unwrap();
+    let (registered, answered_while_held) = worker.join().unwrap();
     assert_eq!(registered.unwrap_err().code(), tonic::Code::Unauthenticated);
     assert!(
-        !held.load(Ordering::SeqCst),
+        !answered_while_held,
         "a worker's call was answered while the fleet's thread was held"
     );
 

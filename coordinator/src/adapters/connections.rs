@@ -31,8 +31,8 @@ use tokio::time::{Instant, Sleep};
 /// client that trickles slower is holding the connection, not uploading.
 pub const MIN_BODY_PROGRESS: u64 = 1024;
 
-/// The length of the HTTP/2 connection preface a gRPC client sends first.
-pub(crate) const H2_PREFACE: usize = 24;
+/// The HTTP/2 connection preface a gRPC client sends first.
+pub(crate) const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// How long connections may stall and how many there may be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,6 +163,15 @@ impl Gate {
             gate: self.clone(),
             address,
         })
+    }
+
+    /// Admits a gRPC connection, or logs why not, with Nagle's algorithm
+    /// off: small replies (a lease, an ack) must not wait for it and the
+    /// peer's delayed ACK (about 40 ms).
+    pub(crate) fn admit_grpc(self: &Arc<Self>, s: &tokio::net::TcpStream) -> Option<Permit> {
+        s.set_nodelay(true).ok()?;
+        let peer = s.peer_addr().ok()?;
+        self.admit_logged(peer.ip(), "gRPC")
     }
 
     /// Admits a connection from `address`, or logs why not.
@@ -440,14 +449,8 @@ pub(crate) fn gated(
                 Ok(s) => s,
                 Err(e) => return Some(Err(e)),
             };
-            // Small replies (a lease, an ack) must not wait for Nagle's
-            // algorithm and the peer's delayed ACK (about 40 ms).
-            if let Err(e) = s.set_nodelay(true) {
-                return Some(Err(e));
-            }
-            let peer = s.peer_addr().ok()?;
-            let permit = gate.admit_logged(peer.ip(), "gRPC")?;
-            Some(Ok(Watched::new(s, permit, H2_PREFACE)))
+            let permit = gate.admit_grpc(&s)?;
+            Some(Ok(Watched::new(s, permit, H2_PREFACE.len())))
         },
     )
 }

@@ -333,22 +333,10 @@ impl pb::farm_server::Farm for FarmService {
                         Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                     }
                 };
-                if !ended {
-                    // The rest of the interval, cut short by the job's end.
-                    let wait = pace.ready();
-                    tokio::pin!(wait);
-                    loop {
-                        tokio::select! {
-                            () = &mut wait => break,
-                            e = events.recv() => match e {
-                                Ok(crate::farm::FarmEvent::JobEnded(j)) if j == id => break,
-                                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                                _ => {}
-                            },
-                        }
-                    }
+                let ended_now = |e: Result<_, _>| matches!(e, Ok(crate::farm::FarmEvent::JobEnded(j)) if j == id);
+                if !pace.burst(&mut events, ended, ended_now).await {
+                    return;
                 }
-                while events.try_recv().is_ok() {}
                 snap = match farm.job_page(id, crate::farm::Page::SUMMARY) {
                     Ok(s) => s,
                     Err(e) => {

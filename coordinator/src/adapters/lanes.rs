@@ -28,12 +28,11 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// The HTTP/2 connection preface a gRPC client sends first.
-const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+use crate::adapters::connections::H2_PREFACE as PREFACE;
 
 /// Bytes read at most to find a connection's first request: a client's
 /// preface, settings and first headers take about 200.
-pub(crate) const SORT_LIMIT: usize = 16 << 10;
+const SORT_LIMIT: usize = 16 << 10;
 
 /// The `:path` prefix of the `Farm` service's calls.
 const FARM_PATH: &[u8] = b"/tessera.v1.Farm/";
@@ -239,7 +238,7 @@ impl<IO: tonic::transport::server::Connected> tonic::transport::server::Connecte
 /// sorted. A gRPC client of this project sends it at once; clients that
 /// wait for the server's settings first (grpc-go, gRPC C-core) are served
 /// on the fleet's runtime after this wait, once per connection.
-pub(crate) const FIRST_REQUEST_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+const FIRST_REQUEST_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Reads from `stream` until its first request says its lane or the limit
 /// is reached: the lane (the fleet's when unsure) and the bytes read. A

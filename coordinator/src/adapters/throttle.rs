@@ -6,7 +6,11 @@
 
 use std::time::Duration;
 
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
+use tokio::sync::broadcast::Receiver;
 use tokio::time::Instant;
+
+use crate::farm::FarmEvent;
 
 /// Paces a stream of events.
 #[derive(Debug)]
@@ -28,6 +32,48 @@ impl Throttle {
             tokio::time::sleep_until(last + self.every).await;
         }
         self.last = Some(Instant::now());
+    }
+
+    /// Takes in the rest of a burst of farm `events`, each handed to `take`
+    /// (`Err(Lagged)` when some were missed), until the next event may go:
+    /// at once when `now` or when `take` answers true (a job's end, which
+    /// never waits); then what is already queued. False when the farm's
+    /// channel closed.
+    pub(crate) async fn burst(
+        &mut self,
+        events: &mut Receiver<FarmEvent>,
+        now: bool,
+        mut take: impl FnMut(Result<FarmEvent, RecvError>) -> bool,
+    ) -> bool {
+        if !now {
+            let wait = self.ready();
+            tokio::pin!(wait);
+            loop {
+                tokio::select! {
+                    () = &mut wait => break,
+                    e = events.recv() => match e {
+                        Err(RecvError::Closed) => return false,
+                        e => {
+                            if take(e) {
+                                break;
+                            }
+                        }
+                    },
+                }
+            }
+        }
+        loop {
+            match events.try_recv() {
+                Ok(e) => {
+                    take(Ok(e));
+                }
+                Err(TryRecvError::Lagged(n)) => {
+                    take(Err(RecvError::Lagged(n)));
+                }
+                Err(TryRecvError::Closed) => return false,
+                Err(TryRecvError::Empty) => return true,
+            }
+        }
     }
 }
 
@@ -55,5 +101,59 @@ mod tests {
         let soon = Instant::now();
         t.ready().await;
         assert_eq!(soon.elapsed(), Duration::from_millis(60));
+    }
+
+    /// One burst: how long it took and what it took in (`None`: missed).
+    async fn burst_of(
+        t: &mut Throttle,
+        rx: &mut Receiver<FarmEvent>,
+    ) -> (Duration, Vec<Option<FarmEvent>>) {
+        let start = Instant::now();
+        let mut seen = Vec::new();
+        assert!(
+            t.burst(rx, false, |e| {
+                let end = matches!(e, Ok(FarmEvent::JobEnded(_)));
+                seen.push(e.ok());
+                end
+            })
+            .await
+        );
+        (start.elapsed(), seen)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_waits_out_the_interval_unless_a_job_ends() {
+        use crate::model::ids::JobId;
+        let every = Duration::from_millis(100);
+        let (tx, mut rx) = tokio::sync::broadcast::channel(16);
+        let mut t = Throttle::new(every);
+        t.ready().await;
+        // Changes only: all are taken in, and the burst ends with the interval.
+        tx.send(FarmEvent::Job(JobId(1))).unwrap();
+        tx.send(FarmEvent::Job(JobId(2))).unwrap();
+        let (took, seen) = burst_of(&mut t, &mut rx).await;
+        assert_eq!(took, every);
+        assert_eq!(
+            seen,
+            [
+                Some(FarmEvent::Job(JobId(1))),
+                Some(FarmEvent::Job(JobId(2)))
+            ]
+        );
+        // A job's end cuts the wait; what is queued after it is still taken.
+        tx.send(FarmEvent::JobEnded(JobId(1))).unwrap();
+        tx.send(FarmEvent::Job(JobId(3))).unwrap();
+        let (took, seen) = burst_of(&mut t, &mut rx).await;
+        assert_eq!(took, Duration::ZERO);
+        assert_eq!(
+            seen,
+            [
+                Some(FarmEvent::JobEnded(JobId(1))),
+                Some(FarmEvent::Job(JobId(3)))
+            ]
+        );
+        // The channel closed: false.
+        drop(tx);
+        assert!(!t.burst(&mut rx, true, |_| false).await);
     }
 }

@@ -106,7 +106,7 @@ async fn forward(api: &Api, who: &Identity, tx: &mpsc::Sender<Event>) {
         let mut workers = BTreeSet::new();
         let mut resend = false;
         // A job's end goes at once; other changes wait for the interval.
-        let mut ended = match changes.recv().await {
+        let ended = match changes.recv().await {
             Ok(e) => note(e, &mut jobs, &mut workers),
             Err(RecvError::Lagged(_)) => {
                 resend = true;
@@ -114,28 +114,15 @@ async fn forward(api: &Api, who: &Identity, tx: &mpsc::Sender<Event>) {
             }
             Err(RecvError::Closed) => return,
         };
-        if !ended {
-            let wait = pace.ready();
-            tokio::pin!(wait);
-            while !ended {
-                tokio::select! {
-                    () = &mut wait => break,
-                    e = changes.recv() => match e {
-                        Ok(e) => ended = note(e, &mut jobs, &mut workers),
-                        Err(RecvError::Lagged(_)) => resend = true,
-                        Err(RecvError::Closed) => return,
-                    },
-                }
+        let take = |e: Result<FarmEvent, RecvError>| match e {
+            Ok(e) => note(e, &mut jobs, &mut workers),
+            Err(_) => {
+                resend = true;
+                false
             }
-        }
-        loop {
-            match changes.try_recv() {
-                Ok(e) => {
-                    note(e, &mut jobs, &mut workers);
-                }
-                Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => resend = true,
-                Err(_) => break,
-            }
+        };
+        if !pace.burst(&mut changes, ended, take).await {
+            return;
         }
         if resend {
             jobs.extend(open_jobs(api, who));
