@@ -389,7 +389,7 @@ fn seconds(d: Duration) -> String {
 /// The refusal of a call whose leadership lapsed.
 fn lapsed(what: &str) -> Error {
     Error::NotActive(format!(
-        "cannot {what}: this coordinator's leadership lapsed (PostgreSQL did not confirm it in time), so it no longer acts as the active coordinator; nothing was stored; use the active coordinator"
+        "cannot {what}: this coordinator's leadership lapsed (PostgreSQL did not confirm it in time), so it no longer acts as the active coordinator; nothing was stored; use the active coordinator, and if none is active, {CHECK_SERVER}"
     ))
 }
 
