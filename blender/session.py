@@ -59,6 +59,9 @@ def parse_args():
     p.add_argument("--mappings", default=None,
                    help="a JSON file {absolute path as the scene wrote it: the same file "
                         "under --job-root}; those references are rewritten at load")
+    p.add_argument("--spare", action="store_true",
+                   help="started before its task is known: wait for one `open` command on stdin "
+                        "(the scene, its job root and mappings), then load the scene and serve")
     p.add_argument("--fail-first-render", action="store_true",
                    help="TESTS ONLY: the first render fails as a crashing GPU driver would, and "
                         "so does every later render in this process")
@@ -482,6 +485,15 @@ COMMANDS = {
                  "null or {border:[min_x,max_x,min_y,max_y], size:[w,h], frame:[W,H]}"),
     },
     "quit": {},
+    # The first line of a --spare session, and nothing else (see open_scene).
+    "open": {
+        "scene": (True, lambda v: isinstance(v, str) and os.path.isabs(v), "an absolute path"),
+        "job_root": (False, lambda v: v is None or (isinstance(v, str) and os.path.isabs(v)),
+                     "an absolute path or null"),
+        "mappings": (False, lambda v: v is None or (isinstance(v, str) and os.path.isabs(v)),
+                     "an absolute path or null"),
+        "scene_python": (True, lambda v: isinstance(v, bool), "true or false"),
+    },
 }
 
 
@@ -491,10 +503,14 @@ def command_id(cmd):
     return v if _is_int(v) and v >= 0 else None
 
 
-def parse_command(line):
-    """One line of stdin as a checked command (a dict with a known `cmd` and
-    the fields that command takes, of the right types); CommandError naming
-    what is wrong and what is expected otherwise."""
+# What a session with its scene loaded takes; a --spare one first takes `open`.
+SERVING = ("quit", "render")
+
+
+def parse_command(line, allowed=SERVING):
+    """One line of stdin as a checked command (a dict with a `cmd` among
+    `allowed` and the fields that command takes, of the right types);
+    CommandError naming what is wrong and what is expected otherwise."""
     try:
         cmd = json.loads(line)
     except ValueError as e:
@@ -503,9 +519,9 @@ def parse_command(line):
         raise CommandError("a command must be a JSON object, got %s" % type(cmd).__name__)
     cmd_id = command_id(cmd)
     kind = cmd.get("cmd")
-    if kind not in COMMANDS:
+    if kind not in allowed:
         raise CommandError("unknown cmd %s; the commands are %s"
-                           % (json.dumps(kind), ", ".join(sorted(COMMANDS))), cmd_id)
+                           % (json.dumps(kind), ", ".join(sorted(allowed))), cmd_id)
     fields = COMMANDS[kind]
     unknown = sorted(set(cmd) - set(fields) - {"cmd"})
     if unknown:
@@ -702,8 +718,36 @@ def remap_into_root(args):
     return root, remap.remap(root, mapping)
 
 
+def open_scene(args):
+    """A --spare session's first step: read the `open` command on stdin and
+    load its scene as the command line would have (`SCENE.blend` before
+    `--python`, or bpy_run.py's `--scene`): stored Python runs only when
+    `scene_python` is true. What the command names joins `args`. A line that
+    is not a readable `open`, or a file Blender cannot read, ends the process
+    with exit status 1 and the error on stdout, as a failed load does."""
+    line = sys.stdin.readline()
+    if not line:
+        sys.exit(0)  # the worker closed the spare unused
+    try:
+        cmd = parse_command(line.strip(), allowed=("open",))
+    except CommandError as e:
+        print("Error: a spare session's first line must be `open`: %s" % e, flush=True)
+        os._exit(1)
+    args.job_root = cmd.get("job_root")
+    args.mappings = cmd.get("mappings")
+    try:
+        bpy.ops.wm.open_mainfile(filepath=cmd["scene"], load_ui=False,
+                                 use_scripts=cmd["scene_python"])
+    except RuntimeError as e:
+        msg = " ".join(str(e).split())
+        print("Error: Cannot read file '%s': %s" % (cmd["scene"], msg), flush=True)
+        os._exit(1)
+
+
 def main():
     args = parse_args()
+    if args.spare:
+        open_scene(args)
     if args.cycles_device in ("CUDA", "OPTIX"):
         use_gpu(args.cycles_device)
     replier = Replier(args.reply_fd)

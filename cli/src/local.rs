@@ -128,6 +128,7 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         #[cfg(feature = "test-hooks")]
         test_corrupt_pixel: false,
         allow_scene_python: args.job.scene_python,
+        spare_blender: true,
     };
     let mode = crate::worker::render_mode(args.fresh_process, 60.0)?;
     let worker = tokio::spawn(tessera_worker::agent::run_blender(

@@ -552,6 +552,12 @@ struct WorkerArgs {
     /// Allow it only on machines set apart for trusted scenes.
     #[arg(long)]
     allow_scene_python: bool,
+    /// Keep no spare Blender on idle slots. By default each idle slot has
+    /// one started (about 80 MB of memory of its own, no GPU memory), so a
+    /// job's first task there does not wait the half second Blender takes
+    /// to start.
+    #[arg(long)]
+    no_spare_blender: bool,
     /// TEST ONLY: change one pixel of every PNG this worker renders, after
     /// Blender wrote it, so tests can check that verification catches it.
     #[cfg(feature = "test-hooks")]

@@ -257,13 +257,19 @@ fn session_py_answers_malformed_commands_with_clear_errors_and_keeps_serving() {
     assert_eq!(next()["event"], "ready");
     let out = dir.path().join("out");
     let out = out.to_str().unwrap();
-    let malformed: [(String, serde_json::Value, &[&str]); 9] = [
+    let malformed: [(String, serde_json::Value, &[&str]); 10] = [
         ("render frame 1".into(), json!(null), &["bad JSON command"]),
         ("[1, 2]".into(), json!(null), &["must be a JSON object"]),
         (
             r#"{"cmd": "paint", "id": 1}"#.into(),
             json!(1),
             &["unknown cmd \"paint\"", "the commands are quit, render"],
+        ),
+        (
+            // Only a spare session opens a scene, as its first line.
+            json!({"cmd": "open", "scene": "/x.blend", "scene_python": false}).to_string(),
+            json!(null),
+            &["unknown cmd \"open\"", "the commands are quit, render"],
         ),
         (
             json!({"cmd": "render", "id": 2, "output_dir": out}).to_string(),
@@ -326,4 +332,166 @@ fn session_py_answers_malformed_commands_with_clear_errors_and_keeps_serving() {
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(status.success(), "{status}:\n{text}");
     assert!(!text.contains("Traceback"), "a traceback:\n{text}");
+}
+
+/// A spare session (started with no scene) whose first line is not a
+/// readable `open`, or names a file Blender cannot read, exits with status
+/// 1 and says why, as a failed load from the command line does.
+#[test]
+fn a_spare_session_that_cannot_open_its_scene_exits_1_saying_why() {
+    use std::io::Write;
+    let dir = scratch();
+    let missing = dir.path().join("missing.blend");
+    let cases = [
+        (
+            json!({"cmd": "render", "id": 1, "frame": 1, "output_dir": "/o"}).to_string(),
+            "Error: a spare session's first line must be `open`: unknown cmd \"render\"; the commands are open",
+        ),
+        (
+            json!({"cmd": "open", "scene": "relative.blend", "scene_python": false}).to_string(),
+            "open: 'scene' must be an absolute path",
+        ),
+        (
+            json!({"cmd": "open", "scene": missing, "scene_python": false}).to_string(),
+            "Error: Cannot read file",
+        ),
+    ];
+    for (line, says) in cases {
+        let mut child = std::process::Command::new(blender())
+            .args(["-b", "--factory-startup", "--disable-autoexec"])
+            .args(["--python-exit-code", "3", "--python"])
+            .arg(root().join("blender/session.py"))
+            .args(["--", "--reply-fd", "2", "--spare"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        writeln!(child.stdin.take().unwrap(), "{line}").unwrap();
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(1), "{line}:\n{text}");
+        assert!(
+            text.contains(says),
+            "{line}: does not say {says:?}:\n{text}"
+        );
+        assert!(!text.contains("Traceback"), "{line}:\n{text}");
+    }
+}
+
+/// The processes whose parent is `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let child: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
+        // pid (comm) state ppid ...: the comm may hold spaces.
+        let ppid: u32 = stat
+            .rsplit(')')
+            .next()?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        (ppid == pid && process_alive(child)).then_some(child)
+    })
+    .collect()
+}
+
+#[test]
+fn an_idle_slot_keeps_a_spare_blender_that_renders_the_next_jobs_first_task_exactly() {
+    let scene = scene(&[
+        "--kind",
+        "anim",
+        "--width",
+        "64",
+        "--height",
+        "48",
+        "--samples",
+        "16",
+        "--frames",
+        "2",
+    ]);
+    let dir = scratch();
+    let coord = Coordinator::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
+    let mut w = worker(&coord.url, dir.path(), "a");
+    let spares = |w: &Proc| pids_in_log(&w.log(), "spare Blender started");
+    // Before any job, the idle slot has a Blender of its own, waiting.
+    assert!(
+        eventually(Duration::from_secs(30), || !spares(&w).is_empty()),
+        "no spare Blender on the idle slot:\n{}",
+        w.log()
+    );
+    let first = spares(&w)[0];
+    assert_eq!(children(w.child.id()), vec![first], "{}", w.log());
+
+    let out = |n: u32| dir.path().join(format!("out{n}"));
+    let submit_wait = |frame: &str, to: &std::path::Path| {
+        let (scene, to) = (scene.to_str().unwrap(), to.to_str().unwrap());
+        cli_ok(
+            &coord.url,
+            &["submit", scene, "--frames", frame, "--wait", "-o", to],
+        );
+    };
+    submit_wait("1", &out(1));
+    let log = w.log();
+    let started = pids_in_log(&log, "Blender session started");
+    assert_eq!(
+        started,
+        vec![first],
+        "the spare took the job's scene:\n{log}"
+    );
+    assert!(log.contains("spare=true"), "{log}");
+
+    // The job's session ends with the job; a new spare takes its place once
+    // the slot has been idle a while, and serves the next job.
+    assert!(
+        eventually(Duration::from_secs(30), || spares(&w).len() == 2
+            && !process_alive(first)),
+        "no second spare, or the first session still runs:\n{}",
+        w.log()
+    );
+    let second = spares(&w)[1];
+    assert_ne!(second, first);
+    submit_wait("2", &out(2));
+    let started = pids_in_log(&w.log(), "Blender session started");
+    assert_eq!(started, vec![first, second], "{}", w.log());
+
+    let refs = dir.path().join("refs");
+    reference(&scene, 1, 2, &refs);
+    for n in 1..=2 {
+        assert_same_pixels(
+            &out(n).join(format!("frame_{n:04}.png")),
+            &refs.join(format!("ref_{n:04}.png")),
+        );
+    }
+    w.term();
+    assert!(
+        eventually(Duration::from_secs(20), || !w.alive()),
+        "{}",
+        w.log()
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || !spares(&w)
+            .into_iter()
+            .any(process_alive)),
+        "a spare Blender outlived its worker"
+    );
+
+    // With --no-spare-blender, an idle slot holds no process.
+    let mut bare = worker_with(&coord.url, dir.path(), "b", &["--no-spare-blender"]);
+    assert!(
+        eventually(Duration::from_secs(30), || bare
+            .log()
+            .contains("registered")),
+        "{}",
+        bare.log()
+    );
+    // A spare would have started before the worker registered.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(children(bare.child.id()).is_empty(), "{}", bare.log());
+    assert!(spares(&bare).is_empty(), "{}", bare.log());
+    bare.kill9();
 }

@@ -81,6 +81,10 @@ pub struct WorkerConfig {
     /// (`--allow-scene-python`; the worker then reports the `scene-python`
     /// feature, see [`crate::isolation::blender_flags`]).
     pub allow_scene_python: bool,
+    /// Keep a spare Blender started on each idle slot, so that a job's first
+    /// task there does not wait for Blender to start (`--no-spare-blender`
+    /// turns it off: an idle slot then holds no process).
+    pub spare_blender: bool,
 }
 
 /// A worker's GPUs and their telemetry sources.
@@ -230,6 +234,15 @@ pub async fn run<R: Renderer>(
         inline: std::sync::Mutex::new(InlineBudget::default()),
         config,
     });
+    // Blender starts while the worker registers and waits for its first task.
+    let planned = shared.plans.lock().unwrap().clone();
+    for p in &planned {
+        let device = if p.declared { Device::Cpu } else { p.device };
+        shared.renderer.prepare(p.slot, device, p.uuid.as_deref());
+    }
+    if planned.is_empty() {
+        shared.renderer.prepare(0, Device::Cpu, None);
+    }
     register(&shared, &shutdown).await?;
     let mut slots = Vec::new();
     {
@@ -1118,6 +1131,7 @@ pub async fn run_blender(
         dir: config.cache.join("blender"),
         idle,
         reuse,
+        spare: config.spare_blender,
         #[cfg(feature = "test-hooks")]
         fail_first_render: config.fail_first_render,
     })?;

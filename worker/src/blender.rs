@@ -106,9 +106,9 @@ pub struct RenderRequest {
 }
 
 /// Pins a Blender child to one GPU: CUDA and OptiX see only that device.
-pub fn pin_gpu(cmd: &mut Command, req: &RenderRequest) {
-    if req.device != Device::Cpu {
-        if let Some(uuid) = &req.gpu_uuid {
+pub fn pin_gpu(cmd: &mut Command, device: Device, gpu_uuid: Option<&str>) {
+    if device != Device::Cpu {
+        if let Some(uuid) = gpu_uuid {
             cmd.env("CUDA_VISIBLE_DEVICES", uuid);
         }
     }
@@ -188,6 +188,10 @@ pub trait Renderer: Send + Sync + 'static {
 
     /// Ends the warm sessions of jobs that are over.
     fn end_jobs(&self, _jobs: &[u64]) {}
+
+    /// Readies `slot`, which renders on `device` (pinned to the GPU
+    /// `gpu_uuid`), before any task arrives: a renderer may start Blender.
+    fn prepare(&self, _slot: u32, _device: Device, _gpu_uuid: Option<&str>) {}
 }
 
 /// A failure of `kind`: `what` happened, Blender printed `words` (its error

@@ -20,6 +20,11 @@
 //! a black frame. A session is kept while its slot receives tasks of the same
 //! job; it is closed when the slot moves to another job, when it has been idle
 //! for the configured time, when its job ends, and when Blender dies.
+//!
+//! A slot with no session keeps a spare Blender ([`SlotSpare`]), started the
+//! same way without a scene (`--spare`): the next task that asks for the same
+//! runtime, device and scene-Python policy sends it an `open` command instead
+//! of waiting for a Blender to start.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::BufRead;
@@ -71,17 +76,50 @@ pub struct SessionConfig {
     pub idle: Duration,
     /// Keep a session between tasks of a job (false: one Blender per task).
     pub reuse: bool,
+    /// Keep a spare Blender started on each idle slot, waiting for its
+    /// scene (see [`SlotSpare`]).
+    pub spare: bool,
     /// TESTS ONLY: the first session of each slot fails its renders as a
     /// crashing GPU driver would (`--fail-first-render`).
     #[cfg(feature = "test-hooks")]
     pub fail_first_render: bool,
 }
 
-/// One running Blender serving one job on one slot.
-struct Session {
-    job: u64,
+/// What a Blender is started with before it knows its scene: a spare
+/// Blender started with one serves a task that asks for the same.
+#[derive(Debug, Clone, PartialEq)]
+struct Launch {
     runtime: crate::runtime::Runtime,
     device: crate::blender::Device,
+    /// The GPU it is pinned to (`CUDA_VISIBLE_DEVICES`).
+    gpu_uuid: Option<String>,
+    /// Started with the scene's stored Python allowed (`--enable-autoexec`).
+    scene_python: bool,
+}
+
+impl Launch {
+    fn of(req: &RenderRequest, runtime: crate::runtime::Runtime) -> Self {
+        Self {
+            runtime,
+            device: req.device,
+            gpu_uuid: req.gpu_uuid.clone(),
+            scene_python: req.scene_python,
+        }
+    }
+}
+
+/// The scene a Blender loads, and the job root its references are
+/// rewritten into (the root and the mappings file).
+struct Opening {
+    scene: PathBuf,
+    root: Option<(PathBuf, PathBuf)>,
+}
+
+/// One running Blender serving one job on one slot (or, as a slot's spare,
+/// waiting for its scene).
+struct Session {
+    job: u64,
+    launch: Launch,
     scene: PathBuf,
     pid: u32,
     child: Child,
@@ -162,6 +200,18 @@ impl Session {
         }
     }
 
+    /// Writes one command on Blender's stdin.
+    async fn send(&mut self, cmd: &Command) -> std::io::Result<()> {
+        let line = messages::line(cmd);
+        match self.stdin.as_mut() {
+            Some(stdin) => {
+                stdin.write_all(line.as_bytes()).await?;
+                stdin.flush().await
+            }
+            None => Err(std::io::Error::other("session closed")),
+        }
+    }
+
     async fn exit_reason(&mut self) -> String {
         match tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await {
             Ok(Ok(status)) => format!("Blender exited ({status})"),
@@ -222,15 +272,7 @@ impl Session {
                     frame: [t.frame.0, t.frame.1],
                 }),
             });
-            let line = messages::line(&cmd);
-            let sent = match self.stdin.as_mut() {
-                Some(stdin) => stdin
-                    .write_all(line.as_bytes())
-                    .await
-                    .and(stdin.flush().await),
-                None => Err(std::io::Error::other("session closed")),
-            };
-            if sent.is_err() {
+            if self.send(&cmd).await.is_err() {
                 let what = format!(
                     "{} before frame {frame} could be rendered",
                     self.exit_reason().await
@@ -388,123 +430,86 @@ fn fresh_passes(
         .collect()
 }
 
-/// Renders in Blender sessions, one per slot.
-pub struct SessionRenderer {
-    config: SessionConfig,
+/// How long a slot stays without a render before a spare Blender is
+/// started for it: long enough that a task following at once (the next of a
+/// `--fresh-process` worker, a job's next chunk) does not pay for a spare it
+/// will not use, or a command that is about to exit for one it kills.
+const SPARE_AFTER: Duration = Duration::from_secs(1);
+
+/// Starts Blender processes for a [`SessionRenderer`].
+#[derive(Clone)]
+struct Launcher {
+    dir: PathBuf,
     script: PathBuf,
     bpy_run: PathBuf,
-    /// Slots whose first session has started (for `fail_first_render`).
+    /// Slots whose first Blender has started (for `fail_first_render`).
     #[cfg(feature = "test-hooks")]
-    first_started: Mutex<std::collections::HashSet<u32>>,
-    slots: Arc<Mutex<HashMap<u32, Session>>>,
+    first_started: Arc<Mutex<std::collections::HashSet<u32>>>,
+    #[cfg(feature = "test-hooks")]
+    fail_first_render: bool,
 }
 
-impl SessionRenderer {
-    /// A renderer run as `config` says. The session script is written to
-    /// `config.dir`. Must be called inside a Tokio runtime.
-    pub fn new(config: SessionConfig) -> Result<Self, Error> {
-        let dir = &config.dir;
-        std::fs::create_dir_all(dir)
-            .map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;
-        let script = dir.join("tessera_session.py");
-        // remap.py (and deps.py, which it imports) rewrite a file set's
-        // absolute references at load, and cycles_progress.py reads Cycles'
-        // progress lines; they sit beside the session script.
-        let bpy_run = dir.join("bpy_run.py");
-        for (path, text) in [
-            (script.clone(), SCRIPT),
-            (bpy_run.clone(), crate::runtime::BPY_RUN),
-            (dir.join("remap.py"), REMAP),
-            (dir.join("deps.py"), DEPS),
-            (dir.join("cycles_progress.py"), CYCLES_PROGRESS),
-        ] {
-            std::fs::write(&path, text)
-                .map_err(|e| Error::io(format!("cannot write {}", path.display()), e))?;
-        }
-        let slots: Arc<Mutex<HashMap<u32, Session>>> = Arc::default();
-        let weak = Arc::downgrade(&slots);
-        let idle = config.idle;
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(500).min(idle));
-            loop {
-                tick.tick().await;
-                let Some(slots) = weak.upgrade() else { return };
-                let idle_ones: Vec<Session> = {
-                    let mut slots = slots.lock().unwrap();
-                    let keys: Vec<u32> = slots
-                        .iter()
-                        .filter(|(_, s)| s.last_used.elapsed() >= idle)
-                        .map(|(k, _)| *k)
-                        .collect();
-                    keys.into_iter().filter_map(|k| slots.remove(&k)).collect()
-                };
-                for s in idle_ones {
-                    s.close("idle");
-                }
-            }
-        });
-        Ok(Self {
-            config,
-            script,
-            bpy_run,
-            #[cfg(feature = "test-hooks")]
-            first_started: Mutex::default(),
-            slots,
-        })
+impl Launcher {
+    /// The slot's folder for Blender's temporary files, created.
+    fn tmp(&self, slot: u32) -> Result<PathBuf, String> {
+        let tmp = self.dir.join("blender-tmp").join(slot.to_string());
+        std::fs::create_dir_all(&tmp)
+            .map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
+        Ok(tmp)
     }
 
-    /// Starts Blender on the scene and waits for the session to be ready.
-    async fn start(
+    /// Starts Blender for `slot` as `launch` says: on `opening`'s scene, or
+    /// with none as a spare (`--spare`) that waits for an `open` command.
+    fn spawn(
         &self,
-        req: &RenderRequest,
-        stop: &mut watch::Receiver<bool>,
+        slot: u32,
+        launch: &Launch,
+        opening: Option<&Opening>,
     ) -> Result<Session, RenderFailure> {
-        let runtime = self.runtime_for(req)?;
         let disk = |what: String| failure(Kind::WorkerDisk, what, "", String::new());
-        let tmp = self
-            .config
-            .dir
-            .join("blender-tmp")
-            .join(req.slot.to_string());
-        std::fs::create_dir_all(&tmp)
-            .map_err(|e| disk(format!("cannot create {}: {e}", tmp.display())))?;
+        let tmp = self.tmp(slot).map_err(disk)?;
         let (reader, writer) =
             std::io::pipe().map_err(|e| disk(format!("cannot create a pipe for Blender: {e}")))?;
         #[cfg(feature = "test-hooks")]
         let fail_renders =
-            self.config.fail_first_render && self.first_started.lock().unwrap().insert(req.slot);
+            self.fail_first_render && self.first_started.lock().unwrap().insert(slot);
         #[cfg(not(feature = "test-hooks"))]
         let fail_renders = false;
-        let mut cmd = runtime.command(
-            Some(&req.scene),
+        let mut cmd = launch.runtime.command(
+            opening.map(|o| o.scene.as_path()),
             &self.script,
             &self.bpy_run,
-            req.scene_python,
+            launch.scene_python,
         );
         cmd.args([
             "--reply-fd",
             "3",
             "--cycles-device",
-            req.device.cycles_name(),
+            launch.device.cycles_name(),
         ])
         .args(fail_renders.then_some("--fail-first-render"))
-        .args(root_args(req, &tmp).map_err(disk)?)
-        .env_clear()
-        .envs(crate::isolation::blender_env(std::env::vars_os(), &tmp))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+        .args(opening.is_none().then_some("--spare"));
+        if let Some((root, mappings)) = opening.and_then(|o| o.root.as_ref()) {
+            cmd.arg("--job-root")
+                .arg(root)
+                .arg("--mappings")
+                .arg(mappings);
+        }
+        cmd.env_clear()
+            .envs(crate::isolation::blender_env(std::env::vars_os(), &tmp))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
         {
             use std::os::fd::AsRawFd;
             child_setup(&mut cmd, Some(writer.as_raw_fd()));
         }
-        crate::blender::pin_gpu(&mut cmd, req);
-        let started = Instant::now();
+        crate::blender::pin_gpu(&mut cmd, launch.device, launch.gpu_uuid.as_deref());
         let mut child = cmd.spawn().map_err(|e| {
             failure(
                 Kind::WorkerDisk,
-                format!("cannot start Blender ({}): {e}", runtime.describe()),
+                format!("cannot start Blender ({}): {e}", launch.runtime.describe()),
                 "",
                 String::new(),
             )
@@ -529,11 +534,10 @@ impl SessionRenderer {
                 }
             }
         });
-        let mut session = Session {
-            job: req.job,
-            runtime: runtime.clone(),
-            device: req.device,
-            scene: req.scene.clone(),
+        Ok(Session {
+            job: 0,
+            launch: launch.clone(),
+            scene: opening.map(|o| o.scene.clone()).unwrap_or_default(),
             pid,
             child,
             stdin,
@@ -545,7 +549,142 @@ impl SessionRenderer {
             renders: 0,
             load_errors: Vec::new(),
             warnings: Vec::new(),
+        })
+    }
+}
+
+/// A slot's spare Blender: started before its task is known, so that a
+/// job's first task on the slot does not wait for Blender to start (about
+/// half a second of the 0.5-0.7 s a fresh Blender takes to render a small
+/// frame here is the process start, not the scene).
+struct SlotSpare {
+    /// What the slot's next Blender is likely to be started with: the last
+    /// task's choice, or the slot's device and the first runtime.
+    launch: Launch,
+    /// Started with `launch`, waiting for its scene.
+    spare: Option<Session>,
+    /// Since when the slot has had no render (`None` while one runs).
+    idle_since: Option<Instant>,
+}
+
+/// Renders in Blender sessions, one per slot.
+pub struct SessionRenderer {
+    config: SessionConfig,
+    launcher: Launcher,
+    slots: Arc<Mutex<HashMap<u32, Session>>>,
+    spares: Arc<Mutex<HashMap<u32, SlotSpare>>>,
+}
+
+impl SessionRenderer {
+    /// A renderer run as `config` says. The session script is written to
+    /// `config.dir`. Must be called inside a Tokio runtime.
+    pub fn new(config: SessionConfig) -> Result<Self, Error> {
+        let dir = &config.dir;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("cannot create {}", dir.display()), e))?;
+        let script = dir.join("tessera_session.py");
+        // remap.py (and deps.py, which it imports) rewrite a file set's
+        // absolute references at load, and cycles_progress.py reads Cycles'
+        // progress lines; they sit beside the session script.
+        let bpy_run = dir.join("bpy_run.py");
+        for (path, text) in [
+            (script.clone(), SCRIPT),
+            (bpy_run.clone(), crate::runtime::BPY_RUN),
+            (dir.join("remap.py"), REMAP),
+            (dir.join("deps.py"), DEPS),
+            (dir.join("cycles_progress.py"), CYCLES_PROGRESS),
+        ] {
+            std::fs::write(&path, text)
+                .map_err(|e| Error::io(format!("cannot write {}", path.display()), e))?;
+        }
+        let launcher = Launcher {
+            dir: dir.clone(),
+            script,
+            bpy_run,
+            #[cfg(feature = "test-hooks")]
+            first_started: Arc::default(),
+            #[cfg(feature = "test-hooks")]
+            fail_first_render: config.fail_first_render,
         };
+        let slots: Arc<Mutex<HashMap<u32, Session>>> = Arc::default();
+        let spares: Arc<Mutex<HashMap<u32, SlotSpare>>> = Arc::default();
+        let (weak, weak_spares) = (Arc::downgrade(&slots), Arc::downgrade(&spares));
+        let idle = config.idle;
+        let make_spares = config.spare.then(|| launcher.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500).min(idle));
+            loop {
+                tick.tick().await;
+                let (Some(slots), Some(spares)) = (weak.upgrade(), weak_spares.upgrade()) else {
+                    return;
+                };
+                let idle_ones: Vec<Session> = {
+                    let mut slots = slots.lock().unwrap();
+                    let keys: Vec<u32> = slots
+                        .iter()
+                        .filter(|(_, s)| s.last_used.elapsed() >= idle)
+                        .map(|(k, _)| *k)
+                        .collect();
+                    keys.into_iter().filter_map(|k| slots.remove(&k)).collect()
+                };
+                for s in idle_ones {
+                    s.close("idle");
+                }
+                if let Some(launcher) = &make_spares {
+                    refill_spares(launcher, &slots, &spares);
+                }
+            }
+        });
+        Ok(Self {
+            config,
+            launcher,
+            slots,
+            spares,
+        })
+    }
+
+    /// Loads the task's scene in a Blender for its slot (the slot's spare
+    /// when it was started as the task asks, else a new one) and waits for
+    /// the session to be ready.
+    async fn start(
+        &self,
+        req: &RenderRequest,
+        stop: &mut watch::Receiver<bool>,
+    ) -> Result<Session, RenderFailure> {
+        let launch = Launch::of(req, self.runtime_for(req)?);
+        let disk = |what: String| failure(Kind::WorkerDisk, what, "", String::new());
+        let tmp = self.launcher.tmp(req.slot).map_err(disk)?;
+        let opening = Opening {
+            scene: req.scene.clone(),
+            root: write_mappings(req, &tmp).map_err(disk)?,
+        };
+        let started = Instant::now();
+        let mut from_spare = false;
+        let mut session = match self.take_spare(req.slot, &launch) {
+            Some(mut spare) => {
+                let open = Command::Open(messages::Open {
+                    scene: opening.scene.clone(),
+                    job_root: opening.root.as_ref().map(|(r, _)| r.clone()),
+                    mappings: opening.root.as_ref().map(|(_, m)| m.clone()),
+                    scene_python: launch.scene_python,
+                });
+                match spare.send(&open).await {
+                    Ok(()) => {
+                        from_spare = true;
+                        spare.scene = opening.scene.clone();
+                        spare
+                    }
+                    Err(e) => {
+                        spare.kill(&format!("the spare did not take its scene ({e})"));
+                        self.launcher.spawn(req.slot, &launch, Some(&opening))?
+                    }
+                }
+            }
+            None => self.launcher.spawn(req.slot, &launch, Some(&opening))?,
+        };
+        session.job = req.job;
+        session.last_used = Instant::now();
+        let pid = session.pid;
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
         let ready = loop {
             tokio::select! {
@@ -607,10 +746,102 @@ impl SessionRenderer {
             job = req.job,
             slot = req.slot,
             pid,
+            spare = from_spare,
             ms = started.elapsed().as_millis() as u64,
             "Blender session started"
         );
         Ok(session)
+    }
+
+    /// The slot's spare Blender, when it runs and was started as `launch`
+    /// says (one started otherwise is ended). `launch` becomes what the
+    /// slot's next spare is started with.
+    fn take_spare(&self, slot: u32, launch: &Launch) -> Option<Session> {
+        let mut spares = self.spares.lock().unwrap();
+        let entry = spares.entry(slot).or_insert_with(|| SlotSpare {
+            launch: launch.clone(),
+            spare: None,
+            idle_since: None,
+        });
+        entry.launch = launch.clone();
+        let mut spare = entry.spare.take()?;
+        let alive = spare.child.try_wait().ok().flatten().is_none();
+        if alive && spare.launch == *launch {
+            Some(spare)
+        } else {
+            drop(spares);
+            spare.kill(if alive {
+                "the task asks for another Blender, device or Python policy"
+            } else {
+                "the spare Blender exited"
+            });
+            None
+        }
+    }
+
+    /// Marks `slot` busy until the returned guard drops.
+    fn busy(&self, slot: u32) -> Busy<'_> {
+        if let Some(s) = self.spares.lock().unwrap().get_mut(&slot) {
+            s.idle_since = None;
+        }
+        Busy {
+            spares: &self.spares,
+            slot,
+        }
+    }
+}
+
+/// A slot with a render running; when it drops, the slot is idle from then.
+struct Busy<'a> {
+    spares: &'a Mutex<HashMap<u32, SlotSpare>>,
+    slot: u32,
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        if let Some(s) = self.spares.lock().unwrap().get_mut(&self.slot) {
+            s.idle_since = Some(Instant::now());
+        }
+    }
+}
+
+/// Starts a spare Blender for each slot idle for [`SPARE_AFTER`] that has
+/// neither a spare nor a warm session.
+fn refill_spares(
+    launcher: &Launcher,
+    slots: &Mutex<HashMap<u32, Session>>,
+    spares: &Mutex<HashMap<u32, SlotSpare>>,
+) {
+    let warm: Vec<u32> = slots.lock().unwrap().keys().copied().collect();
+    let mut spares = spares.lock().unwrap();
+    for (&slot, s) in spares.iter_mut() {
+        let due = s.idle_since.is_some_and(|t| t.elapsed() >= SPARE_AFTER);
+        if s.spare.is_none() && due && !warm.contains(&slot) {
+            s.spare = start_spare(launcher, slot, &s.launch);
+            if s.spare.is_none() {
+                // Not again until the slot has rendered.
+                s.idle_since = None;
+            }
+        }
+    }
+}
+
+/// A spare Blender for `slot`, or `None` (logged) when it cannot start.
+fn start_spare(launcher: &Launcher, slot: u32, launch: &Launch) -> Option<Session> {
+    match launcher.spawn(slot, launch, None) {
+        Ok(s) => {
+            tracing::info!(
+                slot,
+                pid = s.pid,
+                "spare Blender started ({})",
+                launch.runtime.describe()
+            );
+            Some(s)
+        }
+        Err(e) => {
+            tracing::warn!(slot, "cannot start a spare Blender: {e:?}");
+            None
+        }
     }
 }
 
@@ -640,14 +871,15 @@ impl SessionRenderer {
     }
 }
 
-/// `--job-root DIR --mappings FILE` for a job with a file set (the mappings
-/// written as JSON into `tmp`); nothing for a self-contained scene.
-fn root_args(
+/// For a job with a file set: its root, and the file its mappings are
+/// written to as JSON (in `tmp`), which Blender reads at load
+/// (`--job-root DIR --mappings FILE`); nothing for a self-contained scene.
+fn write_mappings(
     req: &RenderRequest,
     tmp: &std::path::Path,
-) -> Result<Vec<std::ffi::OsString>, String> {
+) -> Result<Option<(PathBuf, PathBuf)>, String> {
     let Some(root) = &req.root else {
-        return Ok(Vec::new());
+        return Ok(None);
     };
     let map: std::collections::BTreeMap<&str, String> = root
         .mappings
@@ -657,12 +889,7 @@ fn root_args(
     let file = tmp.join("mappings.json");
     let text = serde_json::to_string(&map).expect("a map of strings serializes");
     std::fs::write(&file, text).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
-    Ok(vec![
-        "--job-root".into(),
-        root.root.clone().into_os_string(),
-        "--mappings".into(),
-        file.into_os_string(),
-    ])
+    Ok(Some((root.root.clone(), file)))
 }
 
 /// Why a loaded scene must not be rendered on any worker, from the session's
@@ -712,15 +939,16 @@ impl Renderer for SessionRenderer {
         progress: Arc<Progress>,
         mut stop: watch::Receiver<bool>,
     ) -> Result<Vec<RenderedFrame>, RenderFailure> {
+        let _busy = self.busy(req.slot);
         let held = self.slots.lock().unwrap().remove(&req.slot);
         let reusable = match held {
             Some(mut s) => {
                 let alive = s.child.try_wait().ok().flatten().is_none();
-                let same_runtime = self.runtime_for(&req).is_ok_and(|r| r == s.runtime);
+                let same_runtime = self.runtime_for(&req).is_ok_and(|r| r == s.launch.runtime);
                 if alive
                     && s.job == req.job
                     && s.scene == req.scene
-                    && s.device == req.device
+                    && s.launch.device == req.device
                     && same_runtime
                 {
                     Some(s)
@@ -764,6 +992,32 @@ impl Renderer for SessionRenderer {
 
     fn warm_job(&self, slot: u32) -> Option<u64> {
         self.slots.lock().unwrap().get(&slot).map(|s| s.job)
+    }
+
+    fn prepare(&self, slot: u32, device: crate::blender::Device, gpu_uuid: Option<&str>) {
+        let Some(first) = self.config.runtimes.first() else {
+            return;
+        };
+        let mut spares = self.spares.lock().unwrap();
+        if !self.config.spare || spares.contains_key(&slot) {
+            return;
+        }
+        let launch = Launch {
+            runtime: first.runtime.clone(),
+            device,
+            gpu_uuid: gpu_uuid.map(str::to_string),
+            scene_python: false,
+        };
+        let spare = start_spare(&self.launcher, slot, &launch);
+        let idle_since = spare.is_some().then(Instant::now);
+        spares.insert(
+            slot,
+            SlotSpare {
+                launch,
+                spare,
+                idle_since,
+            },
+        );
     }
 
     fn end_jobs(&self, jobs: &[u64]) {

@@ -17,6 +17,24 @@ pub enum Command {
     Render(Render),
     /// End the session (EOF on stdin does the same).
     Quit,
+    /// A spare session's first line: load this scene (see [`Open`]).
+    Open(Open),
+}
+
+/// Loads `scene` in a session started with `--spare` (before its task was
+/// known), as the command line would have loaded it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Open {
+    /// Absolute: the scene file.
+    pub scene: PathBuf,
+    /// The job's root, for a scene with a file set (`--job-root`).
+    pub job_root: Option<PathBuf>,
+    /// The mappings file, for a scene with a file set (`--mappings`).
+    pub mappings: Option<PathBuf>,
+    /// Run the scene's stored Python: the same as the spare was started
+    /// with (`--enable-autoexec`).
+    pub scene_python: bool,
 }
 
 /// Renders `frame` into `output_dir`.
@@ -214,8 +232,19 @@ mod tests {
                    "tile": {"border": [0.0, 0.5, 0.25, 1.0], "size": [32, 36], "frame": [64, 48]}})
         );
         assert_eq!(as_json(&Command::Quit), json!({"cmd": "quit"}));
+        let open = Command::Open(Open {
+            scene: "/c/scene.blend".into(),
+            job_root: Some("/c/root".into()),
+            mappings: None,
+            scene_python: false,
+        });
+        assert_eq!(
+            as_json(&open),
+            json!({"cmd": "open", "scene": "/c/scene.blend", "job_root": "/c/root",
+                   "mappings": null, "scene_python": false})
+        );
         // And back: what the worker writes is what the protocol reads.
-        for cmd in [whole, tile, Command::Quit] {
+        for cmd in [whole, tile, Command::Quit, open] {
             assert_eq!(serde_json::from_str::<Command>(&line(&cmd)).unwrap(), cmd);
         }
     }
