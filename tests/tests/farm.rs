@@ -113,20 +113,27 @@ fn two_workers_render_every_frame_exactly_and_scenes_upload_once() {
 #[test]
 fn a_killed_workers_task_runs_on_another_worker() {
     let dir = scratch();
-    let scene = scene(&["--kind", "anim", "--frames", "8"]);
+    // Four frames of 128 samples in one task (several seconds here), so that
+    // worker a is mid-task when killed: its slot's spare Blender has the
+    // scene loaded within a fraction of a second.
+    let scene = scene(&["--kind", "anim", "--frames", "8", "--samples", "128"]);
     let coord = Coordinator::start(
         &dir.path().join("data"),
         "127.0.0.1:0",
         &["--lease-ttl", "2"],
     );
     let mut a = worker(&coord.url, dir.path(), "a");
-    // One task of four frames, so that worker a is surely mid-task when killed.
     let job = submit(&coord.url, &scene, &["--frames", "1-4", "--chunk", "4"]);
     wait_for(&coord.url, job, LONG, "the task to be leased", |j| {
         j["tasks_running"] == 1
     });
     std::thread::sleep(Duration::from_millis(500));
     a.kill9();
+    let killed = wait_for(&coord.url, job, LONG, "the job's status", |_| true);
+    assert_eq!(
+        killed["state"], "running",
+        "the task ended before the kill: {killed:#}"
+    );
     let _b = worker(&coord.url, dir.path(), "b");
     let done = wait_for(&coord.url, job, LONG, "the job to finish", |j| {
         j["state"] != "running" && j["state"] != "queued"
