@@ -150,12 +150,7 @@ pub async fn coordinator(
                 .with_ffmpeg(ffmpeg.clone())
                 .with_connection_limits(limits)
                 .with_active_check(Arc::new(move || {
-                    (!lease.valid()).then(|| {
-                        format!(
-                            "this coordinator is standby: its leadership lapsed (PostgreSQL did not confirm it in time; {}); use the active coordinator",
-                            health.line()
-                        )
-                    })
+                    (!lease.valid()).then(|| tessera_coordinator::ha::lapsed_message(&health))
                 }));
             say_admin_token(&coord);
             if let Some((cert, key)) = &tls {

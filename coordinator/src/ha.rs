@@ -462,6 +462,17 @@ impl Election {
     }
 }
 
+/// What an active coordinator tells callers once its leadership has lapsed
+/// (PostgreSQL did not confirm it in time), with the store's state in
+/// `health`: while PostgreSQL is down no coordinator is active, so it also
+/// says what to check.
+pub fn lapsed_message(health: &StoreHealth) -> String {
+    format!(
+        "this coordinator is standby: its leadership lapsed (PostgreSQL did not confirm it in time; {}); use the active coordinator, and if none is active, {CHECK_SERVER}",
+        health.line()
+    )
+}
+
 /// `PostgreSQL at HOST:PORT/DB` of a parsed configuration.
 fn describe_config(config: &tokio_postgres::Config) -> String {
     format!("PostgreSQL at {}", config_address(config))
