@@ -495,3 +495,65 @@ fn an_idle_slot_keeps_a_spare_blender_that_renders_the_next_jobs_first_task_exac
     assert!(spares(&bare).is_empty(), "{}", bare.log());
     bare.kill9();
 }
+
+#[test]
+fn with_fresh_process_each_task_gets_a_blender_started_while_the_last_one_rendered() {
+    let scene = scene(&[
+        "--kind",
+        "anim",
+        "--width",
+        "64",
+        "--height",
+        "48",
+        "--samples",
+        "16",
+        "--frames",
+        "3",
+    ]);
+    let dir = scratch();
+    let coord = Coordinator::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
+    let w = worker_with(&coord.url, dir.path(), "a", &["--fresh-process"]);
+    let out = dir.path().join("out");
+    let (scene_arg, out_arg) = (scene.to_str().unwrap(), out.to_str().unwrap());
+    cli_ok(
+        &coord.url,
+        &[
+            "submit", scene_arg, "--frames", "1-3", "--chunk", "1", "--wait", "-o", out_arg,
+        ],
+    );
+    let log = w.log();
+    let started = pids_in_log(&log, "Blender session started");
+    let mut distinct = started.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(
+        (started.len(), distinct.len()),
+        (3, 3),
+        "one Blender per task:\n{log}"
+    );
+    // Each task's Blender was a spare: the first started with the worker,
+    // each later one while the task before it rendered.
+    assert_eq!(log.matches("spare=true").count(), 3, "{log}");
+    let line_of = |what: &str, pid: u32| {
+        log.lines()
+            .position(|l| l.contains(what) && l.contains(&format!("pid={pid}")))
+            .unwrap_or_else(|| panic!("no {what:?} line for pid {pid}:\n{log}"))
+    };
+    for pair in started.windows(2) {
+        assert!(
+            line_of("spare Blender started", pair[1])
+                < line_of("rendered in warm session", pair[0]),
+            "Blender {} started only after task of {} rendered:\n{log}",
+            pair[1],
+            pair[0]
+        );
+    }
+    let refs = dir.path().join("refs");
+    reference(&scene, 1, 3, &refs);
+    for n in 1..=3 {
+        assert_same_pixels(
+            &out.join(format!("frame_{n:04}.png")),
+            &refs.join(format!("ref_{n:04}.png")),
+        );
+    }
+}

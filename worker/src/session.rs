@@ -779,6 +779,20 @@ impl SessionRenderer {
         }
     }
 
+    /// Starts a spare Blender for `slot` as `launch` says, unless it has one.
+    fn spare_ahead(&self, slot: u32, launch: &Launch) {
+        let mut spares = self.spares.lock().unwrap();
+        let entry = spares.entry(slot).or_insert_with(|| SlotSpare {
+            launch: launch.clone(),
+            spare: None,
+            idle_since: None,
+        });
+        if entry.spare.is_none() {
+            entry.launch = launch.clone();
+            entry.spare = start_spare(&self.launcher, slot, launch);
+        }
+    }
+
     /// Marks `slot` busy until the returned guard drops.
     fn busy(&self, slot: u32) -> Busy<'_> {
         if let Some(s) = self.spares.lock().unwrap().get_mut(&slot) {
@@ -967,6 +981,10 @@ impl Renderer for SessionRenderer {
             Some(s) => s,
             None => self.start(&req, &mut stop).await?,
         };
+        if !self.config.reuse && self.config.spare {
+            // One Blender per task: the next task's starts while this one renders.
+            self.spare_ahead(req.slot, &session.launch);
+        }
         let pid = session.pid;
         match session.render(&req, &progress, &mut stop).await {
             Ok(frames) => {
