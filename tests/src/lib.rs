@@ -170,17 +170,23 @@ pub fn tls_files(dir: &Path) -> TlsFiles {
             &p(&cert),
         ],
     ] {
-        let made = std::process::Command::new("openssl")
-            .args(&args)
-            .output()
-            .unwrap();
-        assert!(
-            made.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&made.stderr)
-        );
+        openssl(dir, &args);
     }
     TlsFiles { ca, cert, key }
+}
+
+/// Runs `openssl ARGS` in `dir`, asserting that it succeeded.
+pub fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl runs");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// A scratch directory that lives as long as the test.

@@ -135,8 +135,9 @@ fn doctor_checks_a_worker_machine() {
 fn certificate(dir: &Path, name: &str, days: u32) -> (PathBuf, PathBuf) {
     let cert = dir.join(format!("{name}.pem"));
     let key = dir.join(format!("{name}.key"));
-    let made = Command::new("openssl")
-        .args([
+    openssl(
+        dir,
+        &[
             "req",
             "-x509",
             "-newkey",
@@ -144,24 +145,19 @@ fn certificate(dir: &Path, name: &str, days: u32) -> (PathBuf, PathBuf) {
             "-pkeyopt",
             "ec_paramgen_curve:prime256v1",
             "-nodes",
-        ])
-        .args(["-days", &days.to_string(), "-subj", "/CN=localhost"])
-        .args([
+            "-days",
+            &days.to_string(),
+            "-subj",
+            "/CN=localhost",
             "-addext",
             "subjectAltName=DNS:localhost",
             "-addext",
             "basicConstraints=critical,CA:FALSE",
-        ])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .unwrap();
-    assert!(
-        made.status.success(),
-        "openssl: {}",
-        String::from_utf8_lossy(&made.stderr)
+            "-keyout",
+            key.to_str().unwrap(),
+            "-out",
+            cert.to_str().unwrap(),
+        ],
     );
     (cert, key)
 }

@@ -573,9 +573,12 @@ fn postgres_restarting_mid_job_fast_or_immediate_stops_neither_coordinator() {
         return;
     };
     let dir = scratch();
-    let scene = scene(&["--kind", "anim", "--frames", "8", "--samples", "128"]);
+    // Enough frames that the job is still running when the second stop
+    // comes: with 6, all were once done before it (the workers' first
+    // frames no longer wait for Blender to start).
+    let scene = scene(&["--kind", "anim", "--frames", "24", "--samples", "128"]);
     let mut pair = Pair::start(dir.path(), None, &pg.url(), &pg.url());
-    let job = submit(&pair.both, &scene, &["--frames", "1-6", "--chunk", "1"]);
+    let job = submit(&pair.both, &scene, &["--frames", "1-24", "--chunk", "1"]);
     for (mode, frames) in [("fast", 1), ("immediate", 3)] {
         let before = wait_for(&pair.both, job, LONG, "frames", |j| {
             j["frames_done"].as_u64().unwrap() >= frames
@@ -660,7 +663,7 @@ fn postgres_restarting_mid_job_fast_or_immediate_stops_neither_coordinator() {
         j["state"] == "done" || j["state"] == "failed"
     });
     assert_eq!(done["state"], "done", "{done:#}");
-    fetch_exact(&pair.both, job, &scene, 1..=6, dir.path());
+    fetch_exact(&pair.both, job, &scene, 1..=24, dir.path());
     assert!(pair.a.proc.alive() && pair.b.proc.alive());
     // The store is up again on both.
     for c in [&pair.a, &pair.b] {

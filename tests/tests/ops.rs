@@ -742,16 +742,27 @@ fn json_logs_follow_one_task_across_coordinator_and_worker() {
         "the coordinator logs the result under the same lease"
     );
     // The worker's lines of that task carry the same job, task and lease.
-    let worker_lines = lines(worker.log());
-    let of_task: Vec<&serde_json::Value> = worker_lines
-        .iter()
-        .filter(|l| l["span"]["lease"] == *lease)
-        .collect();
-    let said = |m: &str| of_task.iter().any(|l| l["fields"]["message"] == m);
+    // Its `task done` follows the coordinator's answer, so it may be
+    // written just after the job has ended: wait for it.
+    let of_lease = |lines: &[serde_json::Value]| -> Vec<serde_json::Value> {
+        lines
+            .iter()
+            .filter(|l| l["span"]["lease"] == *lease)
+            .cloned()
+            .collect()
+    };
+    let said = |of_task: &[serde_json::Value], m: &str| {
+        of_task.iter().any(|l| l["fields"]["message"] == m)
+    };
     assert!(
-        said("task started") && said("task done"),
-        "{worker_lines:?}"
+        eventually(Duration::from_secs(10), || {
+            let of_task = of_lease(&lines(worker.log()));
+            said(&of_task, "task started") && said(&of_task, "task done")
+        }),
+        "{:?}",
+        lines(worker.log())
     );
+    let of_task = of_lease(&lines(worker.log()));
     for l in &of_task {
         assert_eq!(l["span"]["job"].to_string(), job.as_str().unwrap(), "{l}");
         assert_eq!(l["span"]["task"], *task, "{l}");

@@ -9,6 +9,7 @@ use tessera_coordinator::ha::{Attempt, Election, Lease};
 use tessera_coordinator::store::suite::{self, Opener};
 use tessera_coordinator::store::{MetaStore, PgStore, Record, StoreHealth};
 use tessera_coordinator::Error;
+use tessera_tests::openssl;
 use tessera_tests::postgres::PgServer;
 use tessera_tests::proxy::SilentProxy;
 
@@ -382,20 +383,6 @@ fn a_silent_active_lapses_before_the_standby_takes_over_and_is_fenced() {
             .jobs
             .is_empty());
     });
-}
-
-/// Runs `openssl ARGS` in `dir`, asserting that it succeeded.
-fn openssl(dir: &std::path::Path, args: &[&str]) {
-    let out = std::process::Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("openssl runs");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// A CA `NAME.pem` (key `NAME.key`) in `dir`.

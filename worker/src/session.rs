@@ -567,6 +567,24 @@ struct SlotSpare {
     idle_since: Option<Instant>,
 }
 
+impl SlotSpare {
+    /// `slot`'s entry in `spares` (a new one, with no spare, when it has
+    /// none), its next spare to be started as `launch` says.
+    fn of<'a>(
+        spares: &'a mut HashMap<u32, SlotSpare>,
+        slot: u32,
+        launch: &Launch,
+    ) -> &'a mut SlotSpare {
+        let entry = spares.entry(slot).or_insert_with(|| SlotSpare {
+            launch: launch.clone(),
+            spare: None,
+            idle_since: None,
+        });
+        entry.launch = launch.clone();
+        entry
+    }
+}
+
 /// Renders in Blender sessions, one per slot.
 pub struct SessionRenderer {
     config: SessionConfig,
@@ -758,13 +776,7 @@ impl SessionRenderer {
     /// slot's next spare is started with.
     fn take_spare(&self, slot: u32, launch: &Launch) -> Option<Session> {
         let mut spares = self.spares.lock().unwrap();
-        let entry = spares.entry(slot).or_insert_with(|| SlotSpare {
-            launch: launch.clone(),
-            spare: None,
-            idle_since: None,
-        });
-        entry.launch = launch.clone();
-        let mut spare = entry.spare.take()?;
+        let mut spare = SlotSpare::of(&mut spares, slot, launch).spare.take()?;
         let alive = spare.child.try_wait().ok().flatten().is_none();
         if alive && spare.launch == *launch {
             Some(spare)
@@ -782,13 +794,8 @@ impl SessionRenderer {
     /// Starts a spare Blender for `slot` as `launch` says, unless it has one.
     fn spare_ahead(&self, slot: u32, launch: &Launch) {
         let mut spares = self.spares.lock().unwrap();
-        let entry = spares.entry(slot).or_insert_with(|| SlotSpare {
-            launch: launch.clone(),
-            spare: None,
-            idle_since: None,
-        });
+        let entry = SlotSpare::of(&mut spares, slot, launch);
         if entry.spare.is_none() {
-            entry.launch = launch.clone();
             entry.spare = start_spare(&self.launcher, slot, launch);
         }
     }
@@ -1016,8 +1023,7 @@ impl Renderer for SessionRenderer {
         let Some(first) = self.config.runtimes.first() else {
             return;
         };
-        let mut spares = self.spares.lock().unwrap();
-        if !self.config.spare || spares.contains_key(&slot) {
+        if !self.config.spare || self.spares.lock().unwrap().contains_key(&slot) {
             return;
         }
         let launch = Launch {
@@ -1026,16 +1032,7 @@ impl Renderer for SessionRenderer {
             gpu_uuid: gpu_uuid.map(str::to_string),
             scene_python: false,
         };
-        let spare = start_spare(&self.launcher, slot, &launch);
-        let idle_since = spare.is_some().then(Instant::now);
-        spares.insert(
-            slot,
-            SlotSpare {
-                launch,
-                spare,
-                idle_since,
-            },
-        );
+        self.spare_ahead(slot, &launch);
     }
 
     fn end_jobs(&self, jobs: &[u64]) {
