@@ -1,6 +1,8 @@
 //! A fake coordinator for tests of the worker's side of the protocol: it
 //! hands one task to the first worker that asks, stores what is uploaded,
 //! answers `Complete` as told, and records every `Complete` and `Fail`.
+//! It predates `Renew` (it answers `UNIMPLEMENTED`), so the worker renews
+//! its leases one `Progress` call each, as with an older coordinator.
 //!
 //! It serves the real `Work` and `Blobs` services on loopback, so a real
 //! `tessera worker` with a real Blender talks to it unchanged.
@@ -28,6 +30,10 @@ pub struct Seen {
     /// Lease calls that came after the first `Fail`: a one-slot worker
     /// asks again only once it is done with the failed task.
     pub leases_after_fail: u32,
+    /// `Renew` calls (each answered `UNIMPLEMENTED`).
+    pub renews: u32,
+    /// The lease of every `Progress` call, in order.
+    pub progress: Vec<String>,
 }
 
 /// How `Complete` is answered.
@@ -141,12 +147,27 @@ impl pb::work_server::Work for Fake {
 
     async fn progress(
         &self,
-        _: Request<pb::ProgressRequest>,
+        req: Request<pb::ProgressRequest>,
     ) -> Result<Response<pb::ProgressResponse>, Status> {
+        self.seen
+            .lock()
+            .unwrap()
+            .progress
+            .push(req.into_inner().lease_id);
         Ok(Response::new(pb::ProgressResponse {
             keep_going: true,
             stop_reason: String::new(),
         }))
+    }
+
+    /// A coordinator that predates `Renew`: the worker renews each lease
+    /// with its own Progress call.
+    async fn renew(
+        &self,
+        _: Request<pb::RenewRequest>,
+    ) -> Result<Response<pb::RenewResponse>, Status> {
+        self.seen.lock().unwrap().renews += 1;
+        Err(Status::unimplemented("Renew"))
     }
 
     async fn complete(

@@ -1,7 +1,8 @@
 //! The farm's cost per frame, end to end: a slot leases its next task
 //! while it renders, every frame arrives, and a task leased ahead that will
 //! not run is released, never left to expire; without `--chunk`, a lease
-//! of tiny frames takes several of them.
+//! of tiny frames takes several of them; a worker renews all its leases in
+//! one call a period.
 
 use std::time::{Duration, Instant};
 
@@ -213,4 +214,68 @@ fn tiny_frames_are_chunked_by_the_farm_and_an_explicit_chunk_is_kept() {
     assert_eq!(given["state"], "done", "{given:#}");
     assert_eq!(given["chunk"], 1, "{given:#}");
     assert_eq!(given["tasks_total"], 12, "{given:#}");
+}
+
+/// A counter of the Prometheus text `body`: `name` with exactly `labels`
+/// (`call="renew"`), or without labels when `labels` is empty.
+fn counter(body: &str, name: &str, labels: &str) -> f64 {
+    let key = if labels.is_empty() {
+        format!("{name} ")
+    } else {
+        format!("{name}{{{labels}}} ")
+    };
+    body.lines()
+        .find_map(|l| l.strip_prefix(&key)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in:\n{body}"))
+}
+
+/// Two slots, each rendering a task and holding its next one ahead: the
+/// worker renews all those leases in one Renew call a period, never one
+/// Progress call per lease, and every frame arrives.
+#[test]
+fn a_two_slot_worker_renews_all_its_leases_in_one_call_a_period() {
+    // About a second a frame on one thread: several renewal periods.
+    let scene = scene(&[
+        "--kind",
+        "anim",
+        "--width",
+        "160",
+        "--height",
+        "120",
+        "--samples",
+        "128",
+        "--frames",
+        "6",
+    ]);
+    let dir = scratch();
+    let coord = Coordinator::start(
+        &dir.path().join("data"),
+        "127.0.0.1:0",
+        &["--http", "127.0.0.1:0"],
+    );
+    let w = worker_with(
+        &coord.url,
+        dir.path(),
+        "a",
+        &["--slots", "2", "--device", "cpu"],
+    );
+    let out = dir.path().join("out");
+    submit_wait_with(&coord.url, &scene, "1-6", &out, &["--chunk", "1"]);
+    assert_eq!(frames_of(&out).len(), 6, "{}", w.log());
+
+    let (_, body) = http_get_as(coord.metrics.as_ref().unwrap(), Some(&coord.admin_token()));
+    let renews = counter(&body, "tessera_renewal_calls_total", "call=\"renew\"");
+    let progress = counter(&body, "tessera_renewal_calls_total", "call=\"progress\"");
+    let renewed = counter(&body, "tessera_leases_renewed_total", "");
+    assert!(
+        renews >= 2.0,
+        "renewed over several periods: {renews}\n{body}"
+    );
+    assert_eq!(progress, 0.0, "no lease renewed on its own:\n{body}");
+    assert!(
+        renewed > renews,
+        "calls carried several leases ({renewed} leases in {renews} calls)"
+    );
+    let log = w.log();
+    assert!(!log.contains("cannot renew"), "{log}");
 }

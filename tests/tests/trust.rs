@@ -340,6 +340,55 @@ fn blender_runs_without_autoexec_and_without_the_workers_secrets() {
     );
 }
 
+/// A coordinator that predates `Renew` answers it `UNIMPLEMENTED`: the
+/// worker renews each lease with a `Progress` call instead, and the task
+/// completes as usual.
+#[test]
+fn a_worker_renews_each_lease_on_its_own_with_a_coordinator_that_predates_renew() {
+    // About 2 s of render on one thread: longer than a renewal period (1 s).
+    let scene = scene(&[
+        "--kind",
+        "still",
+        "--frames",
+        "1",
+        "--width",
+        "160",
+        "--height",
+        "120",
+        "--samples",
+        "256",
+    ]);
+    let dir = scratch();
+    let fake = FakeCoordinator::start(&scene, &[1], |_| Ok(()));
+    let w = worker_env(
+        &fake.url,
+        dir.path(),
+        "a",
+        &[],
+        &[("TESSERA_TOKEN", "tsr_fake")],
+    );
+    assert!(
+        eventually(LONG, || fake.seen(|s| !s.completes.is_empty())),
+        "no Complete:\n{}",
+        w.log()
+    );
+    fake.seen(|s| {
+        assert_eq!(s.renews, 1, "Renew is tried once, then left: {s:?}");
+        assert!(
+            !s.progress.is_empty(),
+            "the lease was renewed with Progress: {s:?}"
+        );
+        assert!(s.progress.iter().all(|l| l == "1.0.1"), "{s:?}");
+        assert_eq!(s.completes.len(), 1, "{s:?}");
+    });
+    let log = w.log();
+    assert!(
+        log.contains("the coordinator predates renewing leases together"),
+        "{log}"
+    );
+    assert!(!log.contains("cannot renew"), "{log}");
+}
+
 #[test]
 fn a_result_refused_for_good_is_reported_as_a_failure_everywhere() {
     let scene = scene(&["--kind", "still", "--frames", "1"]);

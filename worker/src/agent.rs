@@ -204,6 +204,18 @@ struct Shared<R> {
     /// What the coordinator accepts inline in Complete, as it said when
     /// this worker registered.
     inline: std::sync::Mutex<InlineBudget>,
+    /// Every lease the worker holds, renewed together (see [`renew`]).
+    renewals: Arc<renew::Renewals>,
+}
+
+impl<R> Shared<R> {
+    /// How often leases are renewed: a third of the lease TTL, at most a
+    /// second apart (renewals also carry sample progress and bring word of
+    /// a cancelled job).
+    fn renew_every(&self) -> Duration {
+        let ttl = u64::from(self.ttl_ms.load(Ordering::Relaxed));
+        Duration::from_millis((ttl / 3).clamp(100, 1000))
+    }
 }
 
 /// Runs a worker until `shutdown` turns true. Tasks in flight are released
@@ -232,6 +244,7 @@ pub async fn run<R: Renderer>(
         worker_id: RwLock::new(String::new()),
         ttl_ms: AtomicU32::new(30_000),
         inline: std::sync::Mutex::new(InlineBudget::default()),
+        renewals: Arc::default(),
         config,
     });
     // Blender starts while the worker registers and waits for its first task.
@@ -244,6 +257,26 @@ pub async fn run<R: Renderer>(
         shared.renderer.prepare(0, Device::Cpu, None);
     }
     register(&shared, &shutdown).await?;
+    // Runs until every slot has ended, so that results still uploading at
+    // a shutdown keep their leases.
+    let renewer = {
+        let shared = shared.clone();
+        let client = pb::work_client::WorkClient::new(shared.channel.clone());
+        tokio::spawn(async move {
+            let renewals = shared.renewals.clone();
+            renew::run(
+                renewals,
+                client,
+                || shared.renew_every(),
+                || {
+                    crate::deadline::renewal(Duration::from_millis(u64::from(
+                        shared.ttl_ms.load(Ordering::Relaxed),
+                    )))
+                },
+            )
+            .await
+        })
+    };
     let mut slots = Vec::new();
     {
         let shared = shared.clone();
@@ -275,6 +308,7 @@ pub async fn run<R: Renderer>(
     for s in slots {
         let _ = s.await;
     }
+    renewer.abort();
     tracing::info!("worker stopped");
     Ok(())
 }
@@ -515,54 +549,19 @@ async fn run_task<R: Renderer>(
     let (stop_tx, stop_rx) = watch::channel(false);
     let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let heartbeat = {
-        let mut client = client.clone();
-        let progress = progress.clone();
+        let mut renewal = shared
+            .renewals
+            .hold(&lease, renew::Holding::Running(progress.clone()));
         let lease = lease.clone();
         let stop_tx = stop_tx.clone();
         let lost = lost.clone();
-        // At most a second apart: renewals also carry sample progress and
-        // bring word of a cancelled job.
-        let ttl = u64::from(shared.ttl_ms.load(Ordering::Relaxed));
-        let every = Duration::from_millis((ttl / 3).clamp(100, 1000));
-        let deadline = crate::deadline::renewal(Duration::from_millis(ttl));
+        // Renewed with the worker's other leases until the task has
+        // reported (aborting this drops the renewal).
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            loop {
-                tick.tick().await;
-                let req = pb::ProgressRequest {
-                    lease_id: lease.clone(),
-                    frames_done: progress.frames.load(Ordering::Relaxed),
-                    samples_done: progress.samples_done.load(Ordering::Relaxed),
-                    samples_total: progress.samples_total.load(Ordering::Relaxed),
-                    waiting: false,
-                };
-                match client
-                    .progress(crate::deadline::request(req, deadline))
-                    .await
-                {
-                    Ok(r) if !r.get_ref().keep_going => {
-                        let why = match r.get_ref().stop_reason.as_str() {
-                            "" => "lease lost or job ended",
-                            why => why,
-                        };
-                        tracing::warn!(%lease, "stopping the task: {why}");
-                        lost.store(true, Ordering::Relaxed);
-                        let _ = stop_tx.send(true);
-                        return;
-                    }
-                    Ok(_) => {}
-                    Err(s) if dropped(&s) => {
-                        // The coordinator says the lease is over for good
-                        // (the job was cancelled, the lease expired, ...):
-                        // rendering on would be wasted.
-                        tracing::warn!(%lease, "stopping the task: {}", s.message());
-                        lost.store(true, Ordering::Relaxed);
-                        let _ = stop_tx.send(true);
-                        return;
-                    }
-                    Err(s) => tracing::warn!(%lease, "cannot renew the lease: {}", s.message()),
-                }
-            }
+            let why = renewal.over().await;
+            tracing::warn!(%lease, "stopping the task: {why}");
+            lost.store(true, Ordering::Relaxed);
+            let _ = stop_tx.send(true);
         })
     };
     // A shutdown stops the render after the grace period; the task is then
@@ -1139,6 +1138,7 @@ pub async fn run_blender(
 }
 
 mod ahead;
+mod renew;
 mod report;
 mod stamps;
 use report::{gpu_messages, memory_bytes, send_telemetry, slot_info};

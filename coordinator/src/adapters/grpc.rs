@@ -487,6 +487,38 @@ impl pb::farm_server::Farm for FarmService {
     }
 }
 
+/// The most leases one Renew call may carry: a worker holds at most three
+/// a slot (one it reports, one it renders, one ahead).
+const MAX_RENEW: usize = 4096;
+
+impl WorkService {
+    /// What a Progress call for `req` answers, for Progress and for each
+    /// lease of a Renew call alike.
+    fn renew_one(
+        &self,
+        who: &Identity,
+        req: &pb::ProgressRequest,
+    ) -> Result<pb::ProgressResponse, Status> {
+        let samples = (req.samples_done, req.samples_total);
+        let lease = lease(&req.lease_id)?;
+        self.farm.check_lease(who, lease)?;
+        let keep_going = if req.waiting {
+            self.farm.renew_waiting(lease)?
+        } else {
+            self.farm.progress(lease, req.frames_done, samples)?
+        };
+        let stop_reason = if keep_going {
+            String::new()
+        } else {
+            self.farm.why_stale(lease)
+        };
+        Ok(pb::ProgressResponse {
+            keep_going,
+            stop_reason,
+        })
+    }
+}
+
 #[tonic::async_trait]
 impl pb::work_server::Work for WorkService {
     async fn register(
@@ -540,24 +572,41 @@ impl pb::work_server::Work for WorkService {
         req: Request<pb::ProgressRequest>,
     ) -> Result<Response<pb::ProgressResponse>, Status> {
         let who = who(&req)?;
-        let req = req.into_inner();
-        let samples = (req.samples_done, req.samples_total);
-        let lease = lease(&req.lease_id)?;
-        self.farm.check_lease(&who, lease)?;
-        let keep_going = if req.waiting {
-            self.farm.renew_waiting(lease)?
-        } else {
-            self.farm.progress(lease, req.frames_done, samples)?
-        };
-        let stop_reason = if keep_going {
-            String::new()
-        } else {
-            self.farm.why_stale(lease)
-        };
-        Ok(Response::new(pb::ProgressResponse {
-            keep_going,
-            stop_reason,
-        }))
+        self.farm.renewals_asked(false, 1);
+        Ok(Response::new(self.renew_one(&who, &req.into_inner())?))
+    }
+
+    async fn renew(
+        &self,
+        req: Request<pb::RenewRequest>,
+    ) -> Result<Response<pb::RenewResponse>, Status> {
+        let who = who(&req)?;
+        let leases = req.into_inner().leases;
+        if leases.len() > MAX_RENEW {
+            return Err(Status::invalid_argument(format!(
+                "{} leases in one renewal, over the limit of {MAX_RENEW}; send them in several calls",
+                leases.len()
+            )));
+        }
+        self.farm.renewals_asked(true, leases.len());
+        let answers = leases
+            .iter()
+            .map(|p| match self.renew_one(&who, p) {
+                Ok(r) => pb::LeaseRenewal {
+                    keep_going: r.keep_going,
+                    stop_reason: r.stop_reason,
+                    code: 0,
+                    error: String::new(),
+                },
+                Err(s) => pb::LeaseRenewal {
+                    keep_going: false,
+                    stop_reason: String::new(),
+                    code: s.code() as i32,
+                    error: s.message().to_string(),
+                },
+            })
+            .collect();
+        Ok(Response::new(pb::RenewResponse { answers }))
     }
 
     async fn complete(

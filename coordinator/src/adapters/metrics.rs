@@ -219,6 +219,19 @@ pub fn render(farm: &Farm, who: &crate::auth::Identity) -> String {
     );
     o.sample(&[], Whole(stats.leases_expired));
     o.family(
+        "tessera_renewal_calls_total",
+        Counter,
+        "Lease-renewal calls since start: renew renews all of a worker's leases in one call; progress renews one (workers that predate renew).",
+    );
+    o.sample(&[("call", "renew")], Whole(stats.renew_calls));
+    o.sample(&[("call", "progress")], Whole(stats.progress_calls));
+    o.family(
+        "tessera_leases_renewed_total",
+        Counter,
+        "Lease renewals workers asked for since start, by either call.",
+    );
+    o.sample(&[], Whole(stats.leases_renewed));
+    o.family(
         "tessera_store_commits_total",
         Counter,
         "Store transactions written since start (one flush and fsync each).",

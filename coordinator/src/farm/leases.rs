@@ -373,6 +373,19 @@ impl Farm {
         self.renew(lease, 0, (0, 0), true)
     }
 
+    /// Counts a renewal call of `leases` leases: a Renew call (`together`)
+    /// or a Progress call, for metrics.
+    pub fn renewals_asked(&self, together: bool, leases: usize) {
+        self.count_stat(|s| {
+            if together {
+                s.renew_calls += 1;
+            } else {
+                s.progress_calls += 1;
+            }
+            s.leases_renewed += leases as u64;
+        });
+    }
+
     /// [`Farm::progress`], or [`Farm::renew_waiting`] when `waiting`.
     fn renew(
         &self,

@@ -52,6 +52,12 @@ pub struct Stats {
     pub leases_granted: u64,
     /// Leases that expired.
     pub leases_expired: u64,
+    /// Renew calls (each renews all of a worker's leases).
+    pub renew_calls: u64,
+    /// Progress calls (one lease each: workers that predate Renew).
+    pub progress_calls: u64,
+    /// Lease renewals asked for, by either call.
+    pub leases_renewed: u64,
     /// Failed attempts reported by workers.
     pub attempts_failed: u64,
     /// Store transactions written (each one flush).

@@ -1,10 +1,13 @@
 //! Fake workers: real `Work` and `Blobs` calls, no Blender. Each
 //! [`FakeWorker`] has its own HTTP/2 connection; each of its slots loops:
-//! Lease (long-poll), "render" for a fixed time while sending Progress every
-//! second, then Complete with a small result unique to the lease: carried
+//! Lease (long-poll), "render" for a fixed time, then Complete with a small
+//! result unique to the lease: carried
 //! inside the Complete call when the coordinator accepts results inline,
 //! else uploaded with PutBlob first (always, with `FleetConfig::put_blob`).
+//! Like a real worker, each fake worker renews all its leases in one Renew
+//! call every `progress_every` (see [`FakeWorker::renew_leases`]).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -28,7 +31,7 @@ pub struct FleetConfig {
     /// Spread of the render times: each takes `render` x (1 + u x this),
     /// u drawn evenly from -1 to 1 per task (0: all exactly `render`).
     pub render_jitter: f64,
-    /// Between Progress calls while rendering.
+    /// Between a worker's Renew calls (each renews all its leases).
     pub progress_every: Duration,
     /// How long a Lease may wait for a task (`wait_ms`).
     pub lease_wait: Duration,
@@ -70,7 +73,7 @@ pub struct Recorder {
     /// upload included: the same work whether a result travels inside
     /// Complete or by PutBlob first.
     pub result: Timings,
-    /// Progress calls.
+    /// Renew calls (one renews all of a worker's leases).
     pub progress: Timings,
     /// Result uploads.
     pub put_blob: Timings,
@@ -138,6 +141,9 @@ pub struct FakeWorker {
     pub inline_max: u64,
     work: pb::work_client::WorkClient<Conn>,
     blobs: pb::blobs_client::BlobsClient<Conn>,
+    /// The leases its slots render now, each with what wakes its slot when
+    /// a renewal says the lease is lost.
+    held: Arc<Mutex<HashMap<String, Arc<tokio::sync::Notify>>>>,
 }
 
 impl FakeWorker {
@@ -181,6 +187,7 @@ impl FakeWorker {
                 .min(registered.inline_complete_max),
             work,
             blobs: blobs(conn),
+            held: Arc::default(),
         })
     }
 
@@ -241,7 +248,50 @@ impl FakeWorker {
         }
     }
 
-    /// Works on one leased task: progress while "rendering", then a result.
+    /// Renews every lease the worker's slots hold, in one Renew call every
+    /// `progress_every`, as a real worker does; wakes a slot whose lease is
+    /// lost. Runs until aborted.
+    pub async fn renew_leases(self, cfg: Arc<FleetConfig>, rec: Arc<Recorder>) {
+        let mut work = self.work.clone();
+        loop {
+            tokio::time::sleep(cfg.progress_every).await;
+            let held: Vec<(String, Arc<tokio::sync::Notify>)> = self
+                .held
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .map(|(l, n)| (l.clone(), n.clone()))
+                .collect();
+            if held.is_empty() {
+                continue;
+            }
+            let leases = held
+                .iter()
+                .map(|(lease, _)| pb::ProgressRequest {
+                    lease_id: lease.clone(),
+                    frames_done: 0,
+                    samples_done: 1,
+                    samples_total: 2,
+                    waiting: false,
+                })
+                .collect();
+            let start = Instant::now();
+            match work.renew(pb::RenewRequest { leases }).await {
+                Ok(r) => {
+                    rec.progress.record(start);
+                    for ((_, lost), a) in held.iter().zip(&r.get_ref().answers) {
+                        if !a.keep_going {
+                            lost.notify_one();
+                        }
+                    }
+                }
+                Err(s) => rec.error("renew", &s),
+            }
+        }
+    }
+
+    /// Works on one leased task: "renders" (its lease renewed meanwhile),
+    /// then reports a result.
     async fn render(
         &self,
         task: pb::TaskAssignment,
@@ -251,28 +301,18 @@ impl FakeWorker {
     ) {
         let mut work = self.work.clone();
         let done_at = tokio::time::Instant::now() + took;
-        let mut next = tokio::time::Instant::now() + cfg.progress_every;
-        while next < done_at {
-            tokio::time::sleep_until(next).await;
-            next += cfg.progress_every;
-            let start = Instant::now();
-            let req = pb::ProgressRequest {
-                lease_id: task.lease_id.clone(),
-                frames_done: 0,
-                samples_done: 1,
-                samples_total: 2,
-                waiting: false,
-            };
-            match work.progress(req).await {
-                Ok(r) if r.get_ref().keep_going => rec.progress.record(start),
-                Ok(_) => {
-                    rec.lost.fetch_add(1, Ordering::Relaxed);
-                    return;
-                }
-                Err(s) => rec.error("progress", &s),
-            }
+        let lost = Arc::new(tokio::sync::Notify::new());
+        let held = || self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held().insert(task.lease_id.clone(), lost.clone());
+        let rendered = tokio::select! {
+            _ = tokio::time::sleep_until(done_at) => true,
+            _ = lost.notified() => false,
+        };
+        held().remove(&task.lease_id);
+        if !rendered {
+            rec.lost.fetch_add(1, Ordering::Relaxed);
+            return;
         }
-        tokio::time::sleep_until(done_at).await;
         let rendered = Instant::now();
         let mut outputs = Vec::new();
         for &frame in &task.frames {
@@ -407,6 +447,7 @@ impl Fleet {
             for slot in 0..cfg.slots {
                 slots.spawn(w.clone().run_slot(slot, cfg.clone(), recorder.clone()));
             }
+            slots.spawn(w.renew_leases(cfg.clone(), recorder.clone()));
         }
         Ok(Self {
             slots,

@@ -7,11 +7,10 @@
 //! download stalls or fails holds no second one. The coordinator answers at
 //! once, and grants a task only when no idle slot waits for it (see
 //! `LeaseRequest.ahead`). A task leased ahead is held by an [`Ahead`]:
-//! renewed like a running task (marked `waiting`, so its slot-time starts
-//! when it does) until its slot starts it, and released at once, never left
+//! renewed with the worker's other leases (marked `waiting`, so its
+//! slot-time starts when it does) until its slot starts it, and released at once, never left
 //! to expire, when the worker shuts down or the slot will not run it.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +18,8 @@ use tessera_proto as pb;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-use super::{dropped, retry, Shared};
+use super::renew::{Holding, Renewal};
+use super::{retry, Shared};
 use crate::blender::Renderer;
 use crate::connect::Conn;
 
@@ -99,11 +99,11 @@ pub(super) async fn ask<R: Renderer>(
         "next task leased ahead"
     );
     let (decide, decided) = oneshot::channel();
-    let ttl = u64::from(shared.ttl_ms.load(Ordering::Relaxed));
+    let renewal = shared.renewals.hold(&task.lease_id, Holding::Waiting);
     let keeper = tokio::spawn(keep(
         pb::work_client::WorkClient::new(shared.channel.clone()),
         task.lease_id.clone(),
-        ttl,
+        renewal,
         decided,
         shutdown.clone(),
     ));
@@ -114,54 +114,32 @@ pub(super) async fn ask<R: Renderer>(
     })
 }
 
-/// Renews `lease` as often as a running task's until the slot decides, and
-/// releases it when the slot says so or the worker shuts down.
+/// Keeps `lease` renewed (with the worker's other leases, see [`renew`])
+/// until the slot decides, and releases it when the slot says so or the
+/// worker shuts down.
+///
+/// [`renew`]: super::renew
 async fn keep(
-    mut client: pb::work_client::WorkClient<Conn>,
+    client: pb::work_client::WorkClient<Conn>,
     lease: String,
-    ttl: u64,
+    mut renewal: Renewal,
     mut decided: oneshot::Receiver<Decision>,
     mut shutdown: watch::Receiver<bool>,
 ) -> bool {
-    let every = Duration::from_millis((ttl / 3).clamp(100, 1000));
-    let deadline = crate::deadline::renewal(Duration::from_millis(ttl));
-    let mut tick = tokio::time::interval(every);
-    // The lease was just granted: the first renewal is due in `every`.
-    tick.tick().await;
-    let why = loop {
-        tokio::select! {
-            biased;
-            d = &mut decided => match d {
-                Ok(Decision::Run) => return true,
-                Ok(Decision::Release(why)) => break why,
-                Err(_) => break "its slot ended",
-            },
-            _ = stopping(&mut shutdown) => break "the worker is shutting down",
-            _ = tick.tick() => {
-                let req = pb::ProgressRequest {
-                    lease_id: lease.clone(),
-                    waiting: true,
-                    ..Default::default()
-                };
-                match client.progress(crate::deadline::request(req, deadline)).await {
-                    Ok(r) if !r.get_ref().keep_going => {
-                        let why = match r.get_ref().stop_reason.as_str() {
-                            "" => "lease lost or job ended",
-                            why => why,
-                        };
-                        tracing::warn!(%lease, "task held ahead dropped: {why}");
-                        return false;
-                    }
-                    Ok(_) => {}
-                    Err(s) if dropped(&s) => {
-                        tracing::warn!(%lease, "task held ahead dropped: {}", s.message());
-                        return false;
-                    }
-                    Err(s) => tracing::warn!(%lease, "cannot renew the lease of the task held ahead: {}", s.message()),
-                }
-            }
+    let why = tokio::select! {
+        biased;
+        d = &mut decided => match d {
+            Ok(Decision::Run) => return true,
+            Ok(Decision::Release(why)) => why,
+            Err(_) => "its slot ended",
+        },
+        _ = stopping(&mut shutdown) => "the worker is shutting down",
+        why = renewal.over() => {
+            tracing::warn!(%lease, "task held ahead dropped: {why}");
+            return false;
         }
     };
+    drop(renewal);
     let req = pb::ReleaseRequest {
         lease_id: lease.clone(),
         preempted: false,
