@@ -5,7 +5,9 @@
 //! inside the Complete call when the coordinator accepts results inline,
 //! else uploaded with PutBlob first (always, with `FleetConfig::put_blob`).
 //! Like a real worker, each fake worker renews all its leases in one Renew
-//! call every `progress_every` (see [`FakeWorker::renew_leases`]).
+//! call every `progress_every` (see [`FakeWorker::renew_leases`]); with a
+//! coordinator that predates Renew, each slot sends Progress for its own
+//! lease instead, as the workers of that day did.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -144,6 +146,10 @@ pub struct FakeWorker {
     /// The leases its slots render now, each with what wakes its slot when
     /// a renewal says the lease is lost.
     held: Arc<Mutex<HashMap<String, Arc<tokio::sync::Notify>>>>,
+    /// Whether the coordinator serves Renew; a coordinator that predates it
+    /// gets one Progress call per lease a second from each slot, as the
+    /// workers of its day sent.
+    renews: bool,
 }
 
 impl FakeWorker {
@@ -179,6 +185,11 @@ impl FakeWorker {
             .await
             .map_err(|s| LoadError::rpc(format!("registering worker {name}"), s))?
             .into_inner();
+        let renews = match work.renew(pb::RenewRequest::default()).await {
+            Ok(_) => true,
+            Err(s) if s.code() == Code::Unimplemented => false,
+            Err(s) => return Err(LoadError::rpc(format!("renewing for worker {name}"), s)),
+        };
         Ok(Self {
             id: registered.worker_id,
             // One frame per task: a Complete carries one result.
@@ -188,6 +199,7 @@ impl FakeWorker {
             work,
             blobs: blobs(conn),
             held: Arc::default(),
+            renews,
         })
     }
 
@@ -253,6 +265,10 @@ impl FakeWorker {
     /// lost. Runs until aborted.
     pub async fn renew_leases(self, cfg: Arc<FleetConfig>, rec: Arc<Recorder>) {
         let mut work = self.work.clone();
+        // Real workers start at different times, so their renewals are not
+        // in step: each fake worker's first comes at a moment of its own.
+        let phase = Draws::new(&self.id, u32::MAX).unit();
+        tokio::time::sleep(cfg.progress_every.mul_f64(phase)).await;
         loop {
             tokio::time::sleep(cfg.progress_every).await;
             let held: Vec<(String, Arc<tokio::sync::Notify>)> = self
@@ -290,6 +306,41 @@ impl FakeWorker {
         }
     }
 
+    /// The slot's own Progress call every `progress_every` until
+    /// `done_at`, for a coordinator that predates Renew; false when the
+    /// lease was lost.
+    async fn progress_until(
+        &self,
+        task: &pb::TaskAssignment,
+        done_at: tokio::time::Instant,
+        cfg: &FleetConfig,
+        rec: &Recorder,
+    ) -> bool {
+        let mut work = self.work.clone();
+        let mut next = tokio::time::Instant::now() + cfg.progress_every;
+        while next < done_at {
+            tokio::time::sleep_until(next).await;
+            next += cfg.progress_every;
+            let start = Instant::now();
+            let req = pb::ProgressRequest {
+                lease_id: task.lease_id.clone(),
+                frames_done: 0,
+                samples_done: 1,
+                samples_total: 2,
+                waiting: false,
+            };
+            match work.progress(req).await {
+                Ok(r) if r.get_ref().keep_going => rec.progress.record(start),
+                Ok(_) => {
+                    rec.lost.fetch_add(1, Ordering::Relaxed);
+                    return false;
+                }
+                Err(s) => rec.error("progress", &s),
+            }
+        }
+        true
+    }
+
     /// Works on one leased task: "renders" (its lease renewed meanwhile),
     /// then reports a result.
     async fn render(
@@ -301,6 +352,9 @@ impl FakeWorker {
     ) {
         let mut work = self.work.clone();
         let done_at = tokio::time::Instant::now() + took;
+        if !self.renews && !self.progress_until(&task, done_at, cfg, rec).await {
+            return;
+        }
         let lost = Arc::new(tokio::sync::Notify::new());
         let held = || self.held.lock().unwrap_or_else(|e| e.into_inner());
         held().insert(task.lease_id.clone(), lost.clone());
@@ -447,7 +501,9 @@ impl Fleet {
             for slot in 0..cfg.slots {
                 slots.spawn(w.clone().run_slot(slot, cfg.clone(), recorder.clone()));
             }
-            slots.spawn(w.renew_leases(cfg.clone(), recorder.clone()));
+            if w.renews {
+                slots.spawn(w.renew_leases(cfg.clone(), recorder.clone()));
+            }
         }
         Ok(Self {
             slots,
