@@ -231,6 +231,20 @@ pub struct AssignedTile {
     pub border: (f64, f64, f64, f64),
 }
 
+/// One lease's renewal, as a worker asks it (see [`Farm::renew_all`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Renewal {
+    /// The lease.
+    pub lease: LeaseId,
+    /// Frames of its task done so far.
+    pub frames_done: u32,
+    /// Samples of the frame (or tile) rendering now: done, of.
+    pub samples: (u32, u32),
+    /// Its task was leased ahead and waits for its slot (see
+    /// [`Farm::renew_waiting`]).
+    pub waiting: bool,
+}
+
 /// The answer to a lease call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LeaseOutcome {

@@ -492,30 +492,41 @@ impl pb::farm_server::Farm for FarmService {
 const MAX_RENEW: usize = 4096;
 
 impl WorkService {
-    /// What a Progress call for `req` answers, for Progress and for each
-    /// lease of a Renew call alike.
-    fn renew_one(
+    /// What a Progress call answers for each of `leases` (renewed under one
+    /// take of the farm's lock), for Progress and Renew alike.
+    fn renew_all(
         &self,
         who: &Identity,
-        req: &pb::ProgressRequest,
-    ) -> Result<pb::ProgressResponse, Status> {
-        let samples = (req.samples_done, req.samples_total);
-        let lease = lease(&req.lease_id)?;
-        self.farm.check_lease(who, lease)?;
-        let keep_going = if req.waiting {
-            self.farm.renew_waiting(lease)?
-        } else {
-            self.farm.progress(lease, req.frames_done, samples)?
-        };
-        let stop_reason = if keep_going {
-            String::new()
-        } else {
-            self.farm.why_stale(lease)
-        };
-        Ok(pb::ProgressResponse {
-            keep_going,
-            stop_reason,
-        })
+        leases: &[pb::ProgressRequest],
+    ) -> Vec<Result<pb::ProgressResponse, Status>> {
+        let parsed: Vec<Result<crate::farm::Renewal, Status>> = leases
+            .iter()
+            .map(|p| {
+                Ok(crate::farm::Renewal {
+                    lease: lease(&p.lease_id)?,
+                    frames_done: p.frames_done,
+                    samples: (p.samples_done, p.samples_total),
+                    waiting: p.waiting,
+                })
+            })
+            .collect();
+        let valid: Vec<crate::farm::Renewal> = parsed
+            .iter()
+            .filter_map(|r| r.as_ref().ok().copied())
+            .collect();
+        let mut renewed = self.farm.renew_all(who, &valid).into_iter();
+        parsed
+            .into_iter()
+            .map(|p| {
+                p?;
+                let (keep_going, stop_reason) =
+                    renewed.next().expect("an answer for every valid lease")?;
+                Ok(pb::ProgressResponse {
+                    keep_going,
+                    stop_reason,
+                })
+            })
+            .collect()
     }
 }
 
@@ -573,7 +584,8 @@ impl pb::work_server::Work for WorkService {
     ) -> Result<Response<pb::ProgressResponse>, Status> {
         let who = who(&req)?;
         self.farm.renewals_asked(false, 1);
-        Ok(Response::new(self.renew_one(&who, &req.into_inner())?))
+        let mut answers = self.renew_all(&who, &[req.into_inner()]);
+        Ok(Response::new(answers.remove(0)?))
     }
 
     async fn renew(
@@ -589,9 +601,10 @@ impl pb::work_server::Work for WorkService {
             )));
         }
         self.farm.renewals_asked(true, leases.len());
-        let answers = leases
-            .iter()
-            .map(|p| match self.renew_one(&who, p) {
+        let answers = self
+            .renew_all(&who, &leases)
+            .into_iter()
+            .map(|answer| match answer {
                 Ok(r) => pb::LeaseRenewal {
                     keep_going: r.keep_going,
                     stop_reason: r.stop_reason,

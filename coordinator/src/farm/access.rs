@@ -90,13 +90,17 @@ impl Farm {
     /// that its worker drops the task; "not granted" is kept for ids that
     /// were never granted.
     pub fn check_lease(&self, who: &Identity, lease: LeaseId) -> Result<(), Error> {
-        let st = self.lock();
-        match Self::lease_holder(&st, lease) {
+        Self::lease_checked(&self.lock(), who, lease)
+    }
+
+    /// [`Farm::check_lease`] under the lock.
+    pub(super) fn lease_checked(st: &State, who: &Identity, lease: LeaseId) -> Result<(), Error> {
+        match Self::lease_holder(st, lease) {
             Some(w) if st.workers.get(&w).is_some_and(|r| r.owner == who.name) => Ok(()),
             Some(w) => Err(Error::PermissionDenied(format!(
                 "lease {lease} is held by worker {w}, which is not registered with this token; report only the leases of your own workers"
             ))),
-            None => Err(Self::unknown_holder(&st, lease)),
+            None => Err(Self::unknown_holder(st, lease)),
         }
     }
 

@@ -386,6 +386,32 @@ impl Farm {
         });
     }
 
+    /// Renews each of `leases` for `who` under one take of the lock,
+    /// answering for each what [`Farm::check_lease`], then
+    /// [`Farm::progress`] or [`Farm::renew_waiting`], and when it must stop
+    /// [`Farm::why_stale`] would: whether to go on, and if not, why.
+    pub fn renew_all(
+        &self,
+        who: &Identity,
+        leases: &[Renewal],
+    ) -> Vec<Result<(bool, String), Error>> {
+        let now = self.clock.now_ms();
+        let ttl = self.config.lease_ttl_ms;
+        let mut st = self.lock();
+        leases
+            .iter()
+            .map(|r| {
+                Self::lease_checked(&st, who, r.lease)?;
+                if Self::renew_locked(&mut st, now, ttl, r) {
+                    return Ok((true, String::new()));
+                }
+                let why =
+                    Self::stale_reason(&st, r.lease).map_or_else(String::new, |e| e.to_string());
+                Ok((false, why))
+            })
+            .collect()
+    }
+
     /// [`Farm::progress`], or [`Farm::renew_waiting`] when `waiting`.
     fn renew(
         &self,
@@ -395,26 +421,36 @@ impl Farm {
         waiting: bool,
     ) -> Result<bool, Error> {
         let now = self.clock.now_ms();
-        let mut st = self.lock();
         let ttl = self.config.lease_ttl_ms;
-        let State { tasks, workers, .. } = &mut *st;
+        let r = Renewal {
+            lease,
+            frames_done,
+            samples,
+            waiting,
+        };
+        Ok(Self::renew_locked(&mut self.lock(), now, ttl, &r))
+    }
+
+    /// Renews `r.lease` under the lock; whether it still holds.
+    fn renew_locked(st: &mut State, now: u64, ttl: u64, r: &Renewal) -> bool {
+        let State { tasks, workers, .. } = st;
         let Some(task) = tasks
-            .get_mut(&lease.job)
-            .and_then(|t| t.get_mut(lease.task as usize))
+            .get_mut(&r.lease.job)
+            .and_then(|t| t.get_mut(r.lease.task as usize))
         else {
-            return Ok(false);
+            return false;
         };
         if let Some(w) = task.holder().and_then(|h| workers.get_mut(h)) {
             w.last_seen_ms = now;
         }
-        let held = task.renew(lease.grant, frames_done, now, ttl).is_ok();
+        let held = task.renew(r.lease.grant, r.frames_done, now, ttl).is_ok();
         if held {
-            (task.samples_done, task.samples_total) = samples;
-            if let (true, TaskState::Leased { since_ms, .. }) = (waiting, &mut task.state) {
+            (task.samples_done, task.samples_total) = r.samples;
+            if let (true, TaskState::Leased { since_ms, .. }) = (r.waiting, &mut task.state) {
                 *since_ms = now;
             }
         }
-        Ok(held)
+        held
     }
 
     /// Whether `w` takes work now: online and not drained.

@@ -593,3 +593,65 @@ fn a_panic_under_the_state_lock_rebuilds_the_state_from_the_store() {
     let w = worker(&f.farm, "w");
     assert!(f.farm.try_lease(&w, &HashSet::new()).unwrap().is_some());
 }
+
+#[test]
+fn renewing_leases_together_answers_each_as_its_own_renewal_would() {
+    let f = fixture();
+    let owned = |name: &str, owner: &str| {
+        f.farm
+            .register(Registration {
+                blender_version: "Blender 3.4.1".into(),
+                name: name.into(),
+                slots: 2,
+                owner: owner.into(),
+                ..Default::default()
+            })
+            .unwrap()
+            .0
+    };
+    let (mine, theirs) = (owned("a", "w1"), owned("b", "w2"));
+    let kept = f.farm.submit(sub(f.scene, "1-2", 1)).unwrap();
+    let cancelled = f.farm.submit(sub(f.scene, "1-2", 1)).unwrap();
+    let lease_of = |w: &WorkerId, job: JobId| loop {
+        let a = f.farm.try_lease(w, &HashSet::new()).unwrap().unwrap();
+        if a.lease.job == job {
+            break a.lease;
+        }
+    };
+    let running = lease_of(&mine, kept);
+    let gone = lease_of(&mine, cancelled);
+    let other = lease_of(&theirs, kept);
+    f.farm.cancel(cancelled).unwrap();
+    let who = Identity {
+        name: "w1".into(),
+        role: crate::auth::Role::Worker,
+    };
+    let ask = |lease, waiting| Renewal {
+        lease,
+        frames_done: 0,
+        samples: (3, 8),
+        waiting,
+    };
+    let answers = f.farm.renew_all(
+        &who,
+        &[ask(running, false), ask(gone, true), ask(other, false)],
+    );
+    assert_eq!(answers.len(), 3);
+    assert_eq!(answers[0].as_ref().unwrap(), &(true, String::new()));
+    let (go_on, why) = answers[1].as_ref().unwrap();
+    assert!(!go_on);
+    assert!(why.contains("was cancelled"), "{why}");
+    assert_eq!(
+        *why,
+        f.farm.why_stale(gone),
+        "the words a Progress call gets"
+    );
+    assert!(
+        matches!(&answers[2], Err(Error::PermissionDenied(m)) if m.contains("not registered with this token")),
+        "{:?}",
+        answers[2]
+    );
+    // The one held lease took the progress it carried.
+    let task = f.farm.lock().tasks[&kept][running.task as usize].clone();
+    assert_eq!((task.samples_done, task.samples_total), (3, 8));
+}
