@@ -306,9 +306,23 @@ impl FakeWorker {
         }
     }
 
+    /// Holds the task's lease among those [`FakeWorker::renew_leases`]
+    /// renews until `done_at`; false when a renewal said it was lost.
+    async fn held_until(&self, task: &pb::TaskAssignment, done_at: tokio::time::Instant) -> bool {
+        let lost = Arc::new(tokio::sync::Notify::new());
+        let held = || self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held().insert(task.lease_id.clone(), lost.clone());
+        let rendered = tokio::select! {
+            _ = tokio::time::sleep_until(done_at) => true,
+            _ = lost.notified() => false,
+        };
+        held().remove(&task.lease_id);
+        rendered
+    }
+
     /// The slot's own Progress call every `progress_every` until
     /// `done_at`, for a coordinator that predates Renew; false when the
-    /// lease was lost.
+    /// lease was lost (counted by the caller).
     async fn progress_until(
         &self,
         task: &pb::TaskAssignment,
@@ -331,13 +345,11 @@ impl FakeWorker {
             };
             match work.progress(req).await {
                 Ok(r) if r.get_ref().keep_going => rec.progress.record(start),
-                Ok(_) => {
-                    rec.lost.fetch_add(1, Ordering::Relaxed);
-                    return false;
-                }
+                Ok(_) => return false,
                 Err(s) => rec.error("progress", &s),
             }
         }
+        tokio::time::sleep_until(done_at).await;
         true
     }
 
@@ -352,17 +364,11 @@ impl FakeWorker {
     ) {
         let mut work = self.work.clone();
         let done_at = tokio::time::Instant::now() + took;
-        if !self.renews && !self.progress_until(&task, done_at, cfg, rec).await {
-            return;
-        }
-        let lost = Arc::new(tokio::sync::Notify::new());
-        let held = || self.held.lock().unwrap_or_else(|e| e.into_inner());
-        held().insert(task.lease_id.clone(), lost.clone());
-        let rendered = tokio::select! {
-            _ = tokio::time::sleep_until(done_at) => true,
-            _ = lost.notified() => false,
+        let rendered = if self.renews {
+            self.held_until(&task, done_at).await
+        } else {
+            self.progress_until(&task, done_at, cfg, rec).await
         };
-        held().remove(&task.lease_id);
         if !rendered {
             rec.lost.fetch_add(1, Ordering::Relaxed);
             return;
