@@ -240,8 +240,8 @@ pub struct Renewal {
     pub frames_done: u32,
     /// Samples of the frame (or tile) rendering now: done, of.
     pub samples: (u32, u32),
-    /// Its task was leased ahead and waits for its slot (see
-    /// [`Farm::renew_waiting`]).
+    /// Its task was leased ahead and waits for its slot: its slot-time
+    /// starts from the last such renewal (see [`Farm::lease_ahead`]).
     pub waiting: bool,
 }
 

@@ -127,7 +127,11 @@ fn a_killed_workers_task_runs_on_another_worker() {
     wait_for(&coord.url, job, LONG, "the task to be leased", |j| {
         j["tasks_running"] == 1
     });
-    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        eventually(LONG, || a.log().contains("task started")),
+        "{}",
+        a.log()
+    );
     a.kill9();
     let killed = wait_for(&coord.url, job, LONG, "the job's status", |_| true);
     assert_eq!(

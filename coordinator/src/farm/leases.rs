@@ -317,8 +317,10 @@ impl Farm {
     }
 
     /// Why `lease` is no longer current (see [`Farm::stale_reason`]), or
-    /// an empty string while it is: for a renewal that says "stop".
-    pub fn why_stale(&self, lease: LeaseId) -> String {
+    /// an empty string while it is: the words a renewal that says "stop"
+    /// carries (tests read them; [`Farm::renew_all`] words its own).
+    #[cfg(test)]
+    pub(crate) fn why_stale(&self, lease: LeaseId) -> String {
         Self::stale_reason(&self.lock(), lease).map_or_else(String::new, |e| e.to_string())
     }
 
@@ -353,24 +355,35 @@ impl Farm {
         self.save(st, job, changed, extra)
     }
 
-    /// Renews a lease and records progress. Returns whether the holder should
-    /// keep going (false when the lease was lost or the job ended).
-    pub fn progress(
-        &self,
-        lease: LeaseId,
-        frames_done: u32,
-        samples: (u32, u32),
-    ) -> Result<bool, Error> {
-        self.renew(lease, frames_done, samples, false)
+    /// Renews `lease` and records its progress, without the access check
+    /// [`Farm::renew_all`] makes: the tests' shorthand for one renewal.
+    /// Whether the holder should keep going (false when the lease was lost
+    /// or the job ended).
+    #[cfg(test)]
+    pub(crate) fn progress(&self, lease: LeaseId, frames_done: u32, samples: (u32, u32)) -> bool {
+        self.renew(&Renewal {
+            lease,
+            frames_done,
+            samples,
+            waiting: false,
+        })
     }
 
-    /// Renews a lease taken ahead whose task waits for its slot's render to
-    /// end (see [`Farm::lease_ahead`]). The attempt's slot-time restarts
-    /// from now, so that an attempt counts from the last such renewal, when
-    /// its slot was about to start it, not from the grant. (Kept in memory
-    /// like every renewal: after a restart, an attempt counts from its grant.)
-    pub fn renew_waiting(&self, lease: LeaseId) -> Result<bool, Error> {
-        self.renew(lease, 0, (0, 0), true)
+    /// [`Farm::progress`] for a task leased ahead that waits for its slot.
+    #[cfg(test)]
+    pub(crate) fn renew_waiting(&self, lease: LeaseId) -> bool {
+        self.renew(&Renewal {
+            lease,
+            frames_done: 0,
+            samples: (0, 0),
+            waiting: true,
+        })
+    }
+
+    #[cfg(test)]
+    fn renew(&self, r: &Renewal) -> bool {
+        let (now, ttl) = (self.clock.now_ms(), self.config.lease_ttl_ms);
+        Self::renew_locked(&mut self.lock(), now, ttl, r)
     }
 
     /// Counts a renewal call of `leases` leases: a Renew call (`together`)
@@ -386,10 +399,11 @@ impl Farm {
         });
     }
 
-    /// Renews each of `leases` for `who` under one take of the lock,
-    /// answering for each what [`Farm::check_lease`], then
-    /// [`Farm::progress`] or [`Farm::renew_waiting`], and when it must stop
-    /// [`Farm::why_stale`] would: whether to go on, and if not, why.
+    /// Renews each of `leases` for `who` under one take of the lock (a
+    /// worker's Renew call, or a Progress call's one lease). For each:
+    /// [`Farm::check_lease`]'s refusal, or whether its holder should go on
+    /// and, when not, why (the job was cancelled, the lease expired, ...,
+    /// as [`Farm::stale_reason`] words it).
     pub fn renew_all(
         &self,
         who: &Identity,
@@ -412,26 +426,13 @@ impl Farm {
             .collect()
     }
 
-    /// [`Farm::progress`], or [`Farm::renew_waiting`] when `waiting`.
-    fn renew(
-        &self,
-        lease: LeaseId,
-        frames_done: u32,
-        samples: (u32, u32),
-        waiting: bool,
-    ) -> Result<bool, Error> {
-        let now = self.clock.now_ms();
-        let ttl = self.config.lease_ttl_ms;
-        let r = Renewal {
-            lease,
-            frames_done,
-            samples,
-            waiting,
-        };
-        Ok(Self::renew_locked(&mut self.lock(), now, ttl, &r))
-    }
-
-    /// Renews `r.lease` under the lock; whether it still holds.
+    /// Renews `r.lease` under the lock and records its progress; whether
+    /// it still holds. A renewal of a task that waits for its slot
+    /// (`r.waiting`, see [`Farm::lease_ahead`]) restarts the attempt's
+    /// slot-time from now, so that an attempt counts from the last such
+    /// renewal, when its slot was about to start it, not from the grant.
+    /// (Kept in memory like every renewal: after a restart, an attempt
+    /// counts from its grant.)
     fn renew_locked(st: &mut State, now: u64, ttl: u64, r: &Renewal) -> bool {
         let State { tasks, workers, .. } = st;
         let Some(task) = tasks
@@ -649,13 +650,13 @@ mod tests {
         let ahead = ahead.unwrap().task.expect("a task ahead");
         for _ in 0..10 {
             f.clock.advance(600);
-            assert!(f.farm.progress(running.lease, 0, (0, 0)).unwrap());
-            assert!(f.farm.renew_waiting(ahead.lease).unwrap());
+            assert!(f.farm.progress(running.lease, 0, (0, 0)));
+            assert!(f.farm.renew_waiting(ahead.lease));
         }
         assert_eq!(f.farm.expire_leases().unwrap(), 0, "both leases held");
         f.farm.complete(running.lease, vec![output(&f, 1)]).unwrap();
         f.clock.advance(400);
-        assert!(f.farm.progress(ahead.lease, 0, (0, 0)).unwrap());
+        assert!(f.farm.progress(ahead.lease, 0, (0, 0)));
         f.farm.complete(ahead.lease, vec![output(&f, 2)]).unwrap();
         let snap = f.farm.job(job).unwrap();
         let ms = |i: usize| snap.tasks[i].attempts.last().unwrap().ms;

@@ -187,7 +187,7 @@ fn an_expired_lease_goes_to_another_worker() {
     assert!(f.farm.try_lease(&b, &HashSet::new()).unwrap().is_none());
     f.clock.advance(600);
     assert!(
-        f.farm.progress(first.lease, 0, (0, 0)).unwrap(),
+        f.farm.progress(first.lease, 0, (0, 0)),
         "renewal keeps the lease"
     );
     f.clock.advance(600);
@@ -196,7 +196,7 @@ fn an_expired_lease_goes_to_another_worker() {
     assert_eq!(f.farm.expire_leases().unwrap(), 1);
     let second = f.farm.try_lease(&b, &HashSet::new()).unwrap().unwrap();
     assert!(
-        !f.farm.progress(first.lease, 0, (0, 0)).unwrap(),
+        !f.farm.progress(first.lease, 0, (0, 0)),
         "the old holder is told to stop"
     );
     let out = output(&f, 1);
@@ -242,7 +242,7 @@ fn failures_retry_on_another_worker_then_fail_the_job() {
     assert_eq!(snap.job.state, JobState::Failed);
     assert!(snap.job.message.contains("Error: boom") && snap.job.message.contains("the tail"));
     assert!(
-        !f.farm.progress(next.lease, 0, (0, 0)).unwrap(),
+        !f.farm.progress(next.lease, 0, (0, 0)),
         "other tasks of a failed job stop"
     );
 }
@@ -278,7 +278,7 @@ fn cancel_stops_running_tasks_and_is_final() {
     let w = worker(&f.farm, "a");
     let l = f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
     f.farm.cancel(job).unwrap();
-    assert!(!f.farm.progress(l.lease, 0, (0, 0)).unwrap());
+    assert!(!f.farm.progress(l.lease, 0, (0, 0)));
     assert!(matches!(f.farm.cancel(job), Err(Error::Conflict(_))));
     assert!(f.farm.try_lease(&w, &HashSet::new()).unwrap().is_none());
     assert!(matches!(f.farm.cancel(JobId(99)), Err(Error::NotFound(_))));
@@ -545,10 +545,7 @@ fn pause_requeues_running_tasks_and_resume_continues() {
     let l = f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
     let snap = f.farm.pause(job).unwrap();
     assert_eq!(snap.job.state, JobState::Paused);
-    assert!(
-        !f.farm.progress(l.lease, 0, (0, 0)).unwrap(),
-        "the render stops"
-    );
+    assert!(!f.farm.progress(l.lease, 0, (0, 0)), "the render stops");
     assert!(f.farm.try_lease(&w, &HashSet::new()).unwrap().is_none());
     assert!(matches!(f.farm.pause(job), Err(Error::Conflict(_))));
     f.farm.resume(job).unwrap();

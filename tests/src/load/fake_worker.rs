@@ -281,16 +281,7 @@ impl FakeWorker {
             if held.is_empty() {
                 continue;
             }
-            let leases = held
-                .iter()
-                .map(|(lease, _)| pb::ProgressRequest {
-                    lease_id: lease.clone(),
-                    frames_done: 0,
-                    samples_done: 1,
-                    samples_total: 2,
-                    waiting: false,
-                })
-                .collect();
+            let leases = held.iter().map(|(lease, _)| halfway(lease)).collect();
             let start = Instant::now();
             match work.renew(pb::RenewRequest { leases }).await {
                 Ok(r) => {
@@ -336,14 +327,7 @@ impl FakeWorker {
             tokio::time::sleep_until(next).await;
             next += cfg.progress_every;
             let start = Instant::now();
-            let req = pb::ProgressRequest {
-                lease_id: task.lease_id.clone(),
-                frames_done: 0,
-                samples_done: 1,
-                samples_total: 2,
-                waiting: false,
-            };
-            match work.progress(req).await {
+            match work.progress(halfway(&task.lease_id)).await {
                 Ok(r) if r.get_ref().keep_going => rec.progress.record(start),
                 Ok(_) => return false,
                 Err(s) => rec.error("progress", &s),
@@ -522,6 +506,17 @@ impl Fleet {
     pub async fn stop(mut self) -> Arc<Recorder> {
         self.slots.shutdown().await;
         self.recorder
+    }
+}
+
+/// The renewal of a fake render: half its samples done.
+fn halfway(lease: &str) -> pb::ProgressRequest {
+    pb::ProgressRequest {
+        lease_id: lease.to_string(),
+        frames_done: 0,
+        samples_done: 1,
+        samples_total: 2,
+        waiting: false,
     }
 }
 

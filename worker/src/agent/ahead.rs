@@ -8,8 +8,9 @@
 //! once, and grants a task only when no idle slot waits for it (see
 //! `LeaseRequest.ahead`). A task leased ahead is held by an [`Ahead`]:
 //! renewed with the worker's other leases (marked `waiting`, so its
-//! slot-time starts when it does) until its slot starts it, and released at once, never left
-//! to expire, when the worker shuts down or the slot will not run it.
+//! slot-time starts when it does) until its slot starts it, and released
+//! at once, never left to expire, when the worker shuts down or the slot
+//! will not run it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -102,7 +103,6 @@ pub(super) async fn ask<R: Renderer>(
     let renewal = shared.renewals.hold(&task.lease_id, Holding::Waiting);
     let keeper = tokio::spawn(keep(
         pb::work_client::WorkClient::new(shared.channel.clone()),
-        task.lease_id.clone(),
         renewal,
         decided,
         shutdown.clone(),
@@ -114,18 +114,18 @@ pub(super) async fn ask<R: Renderer>(
     })
 }
 
-/// Keeps `lease` renewed (with the worker's other leases, see [`renew`])
-/// until the slot decides, and releases it when the slot says so or the
-/// worker shuts down.
+/// Keeps `renewal`'s lease renewed (with the worker's other leases, see
+/// [`renew`]) until the slot decides, and releases it when the slot says so
+/// or the worker shuts down.
 ///
 /// [`renew`]: super::renew
 async fn keep(
     client: pb::work_client::WorkClient<Conn>,
-    lease: String,
     mut renewal: Renewal,
     mut decided: oneshot::Receiver<Decision>,
     mut shutdown: watch::Receiver<bool>,
 ) -> bool {
+    let lease = renewal.lease().to_string();
     let why = tokio::select! {
         biased;
         d = &mut decided => match d {

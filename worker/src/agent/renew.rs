@@ -130,6 +130,11 @@ pub(super) struct Renewal {
 }
 
 impl Renewal {
+    /// The lease renewed.
+    pub(super) fn lease(&self) -> &str {
+        &self.lease
+    }
+
     /// Why the lease is over, once the coordinator says so; never resolves
     /// while it holds.
     pub(super) async fn over(&mut self) -> String {
