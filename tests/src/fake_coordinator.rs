@@ -187,7 +187,12 @@ impl pb::work_server::Work for Fake {
             }
         }
         self.seen.lock().unwrap().completes.push(req);
-        answer.map(|()| Response::new(pb::CompleteResponse { duplicate: false }))
+        answer.map(|()| {
+            Response::new(pb::CompleteResponse {
+                duplicate: false,
+                next: None,
+            })
+        })
     }
 
     async fn fail(&self, req: Request<pb::FailRequest>) -> Result<Response<pb::Ack>, Status> {

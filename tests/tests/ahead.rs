@@ -2,7 +2,7 @@
 //! while it renders, every frame arrives, and a task leased ahead that will
 //! not run is released, never left to expire; without `--chunk`, a lease
 //! of tiny frames takes several of them; a worker renews all its leases in
-//! one call a period.
+//! one call a period, and asks for a task ahead with the result before it.
 
 use std::time::{Duration, Instant};
 
@@ -278,4 +278,15 @@ fn a_two_slot_worker_renews_all_its_leases_in_one_call_a_period() {
     );
     let log = w.log();
     assert!(!log.contains("cannot renew"), "{log}");
+
+    // The asks for tasks ahead rode on the reports of the tasks before,
+    // when those were on their way: the coordinator counted those leases,
+    // and the worker's log says which.
+    let carried = counter(&body, "tessera_leases_with_results_total", "");
+    let said = log
+        .lines()
+        .filter(|l| l.contains("next task leased ahead") && l.contains("with_result=true"))
+        .count();
+    assert!(carried >= 1.0, "no ask rode on a report:\n{body}\n{log}");
+    assert_eq!(carried, said as f64, "{log}");
 }

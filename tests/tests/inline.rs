@@ -307,3 +307,134 @@ fn a_worker_sends_small_frames_inline_and_large_ones_by_put_blob() {
         "the large frame ({d}) went inline:\n{log}"
     );
 }
+
+/// A Complete may ask for its slot's next lease (`CompleteRequest.next`):
+/// the answer carries the next task, leased as a Lease call would lease it;
+/// a request in another worker's name is left out of the answer while the
+/// result still counts; a refused Complete grants nothing.
+#[test]
+fn a_complete_brings_its_slots_next_lease_when_asked() {
+    let scene = std::fs::read(scene(&["--kind", "still", "--frames", "1"])).unwrap();
+    let dir = scratch();
+    let coord = Coordinator::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
+    let target = Target {
+        url: coord.url.clone(),
+        admin_token: coord.admin_token(),
+        metrics: None,
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in_rt = rt.enter();
+    let tokens = rt.block_on(worker_tokens(&target, 2)).unwrap();
+    let (client, other) = (
+        work(connect(&target.url, &tokens[0]).unwrap()),
+        work(connect(&target.url, &tokens[1]).unwrap()),
+    );
+    let info = |name: &str| pb::WorkerInfo {
+        name: name.into(),
+        slots: 1,
+        device: "cpu".into(),
+        blender_version: "Blender 3.4.1".into(),
+        ..Default::default()
+    };
+    let (job, holder, stranger) = rt.block_on(async {
+        let digest = put_blob(&target.url, &target.admin_token, scene)
+            .await
+            .unwrap();
+        let (job, _) = submit(&target, &digest, 4, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let holder = client.clone().register(info("holder")).await.unwrap();
+        let stranger = other.clone().register(info("stranger")).await.unwrap();
+        (
+            job,
+            holder.into_inner().worker_id,
+            stranger.into_inner().worker_id,
+        )
+    });
+    let next_for = |worker: &str| pb::LeaseRequest {
+        worker_id: worker.to_string(),
+        slot: 0,
+        ..Default::default()
+    };
+    let complete = |task: &pb::TaskAssignment, bytes: &[u8], next: Option<pb::LeaseRequest>| {
+        let mut client = client.clone();
+        let req = pb::CompleteRequest {
+            lease_id: task.lease_id.clone(),
+            outputs: vec![inline(task.frames[0], "", bytes)],
+            next,
+            ..Default::default()
+        };
+        rt.block_on(async move { client.complete(req).await })
+    };
+    let first = rt
+        .block_on(client.clone().lease(pb::LeaseRequest {
+            wait_ms: 10_000,
+            ..next_for(&holder)
+        }))
+        .unwrap()
+        .into_inner()
+        .task
+        .expect("the job's first task");
+
+    // The result, and the next task in the same answer.
+    let answer = complete(&first, &unique("first", 500), Some(next_for(&holder)))
+        .unwrap()
+        .into_inner();
+    assert!(!answer.duplicate);
+    let second = answer
+        .next
+        .expect("an answer to the lease request")
+        .task
+        .expect("the next task");
+    assert_eq!((second.job_id, second.frames.clone()), (job, vec![2]));
+    assert_ne!(second.lease_id, first.lease_id);
+
+    // Without `next`, no lease in the answer.
+    let third = {
+        let answer = complete(&second, &unique("second", 500), None).unwrap();
+        assert!(answer.get_ref().next.is_none());
+        rt.block_on(client.clone().lease(pb::LeaseRequest {
+            wait_ms: 10_000,
+            ..next_for(&holder)
+        }))
+        .unwrap()
+        .into_inner()
+        .task
+        .expect("the third task")
+    };
+
+    // A refused result (bytes that are not the claimed digest) leases
+    // nothing: the fourth task is still there for a Lease call.
+    let mut wrong = inline(3, "", &unique("third", 500));
+    wrong.digest = blake3::hash(b"another frame").to_hex().to_string();
+    let refused_call = rt.block_on(client.clone().complete(pb::CompleteRequest {
+        lease_id: third.lease_id.clone(),
+        outputs: vec![wrong],
+        next: Some(next_for(&holder)),
+        ..Default::default()
+    }));
+    refused(refused_call, Code::InvalidArgument, &["frame 3"]);
+
+    // A request in another worker's name is left out; the result counts.
+    let answer = complete(&third, &unique("third", 500), Some(next_for(&stranger))).unwrap();
+    assert!(!answer.get_ref().duplicate);
+    assert!(answer.get_ref().next.is_none(), "{answer:?}");
+    let fourth = rt
+        .block_on(client.clone().lease(pb::LeaseRequest {
+            wait_ms: 10_000,
+            ..next_for(&holder)
+        }))
+        .unwrap()
+        .into_inner()
+        .task
+        .expect("the fourth task, not leased by the refused calls");
+    assert_eq!(fourth.frames, [4]);
+
+    // The last result asks for a next lease: answered, with no task.
+    let answer = complete(&fourth, &unique("fourth", 500), Some(next_for(&holder)))
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.next.expect("answered").task, None);
+    let view = cli_ok(&coord.url, &["status", &job.to_string()]);
+    assert!(view.contains("done"), "{view}");
+}

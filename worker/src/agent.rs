@@ -415,6 +415,7 @@ async fn slot_loop<R: Renderer>(
     let mut delay = Duration::from_millis(200);
     let mut next: Option<ahead::Ahead> = None;
     let mut finishing: Option<tokio::task::JoinHandle<()>> = None;
+    let carry = Arc::new(carry::Carry::default());
     while !*shutdown.borrow() {
         let task = match next.take() {
             Some(a) => match a.start().await {
@@ -437,7 +438,7 @@ async fn slot_loop<R: Renderer>(
             lease = %task.lease_id,
             worker = %worker,
         );
-        let end = run_task(&shared, task, slot, shutdown.clone())
+        let end = run_task(&shared, task, slot, shutdown.clone(), &carry)
             .instrument(span)
             .await;
         if let Some(before) = finishing.replace(end.finish) {
@@ -534,13 +535,16 @@ struct RenderEnd {
 }
 
 /// Runs one task until its render ends, asking for the slot's next task
-/// ahead once the render has started; leaves the rest of the task (upload,
-/// report) to the finisher it returns. Never panics the slot.
+/// ahead once the render has started (with the report of the slot's
+/// previous task when that is on its way, see [`carry`]); leaves the rest
+/// of the task (upload, report) to the finisher it returns, whose report
+/// may carry the next ask in turn. Never panics the slot.
 async fn run_task<R: Renderer>(
     shared: &Arc<Shared<R>>,
     task: pb::TaskAssignment,
     slot: u32,
     shutdown: watch::Receiver<bool>,
+    carry: &Arc<carry::Carry>,
 ) -> RenderEnd {
     let lease = task.lease_id.clone();
     tracing::info!(%lease, frames = ?task.frames, attempt = task.attempt, "task started");
@@ -589,10 +593,11 @@ async fn run_task<R: Renderer>(
     let (started, render_started) = tokio::sync::oneshot::channel();
     let asker = {
         let (shared, shutdown, job) = (shared.clone(), shutdown.clone(), task.job_id);
+        let carry = carry.clone();
         tokio::spawn(
             async move {
                 render_started.await.ok()?;
-                ahead::ask(&shared, slot, job, &shutdown).await
+                ahead::ask(&shared, slot, job, &shutdown, &carry).await
             }
             .in_current_span(),
         )
@@ -613,6 +618,15 @@ async fn run_task<R: Renderer>(
     };
     let finish = {
         let shared = shared.clone();
+        // Opened before the slot moves on, so that its next render's ask
+        // finds this report on its way; a slot that starts a task it held
+        // ahead asks within moments, so the report waits for that.
+        let opened = carry.open();
+        let patience = if next.is_some() {
+            carry::ASK_PATIENCE
+        } else {
+            Duration::ZERO
+        };
         tokio::spawn(
             async move {
                 let outcome = match &rendered {
@@ -621,14 +635,14 @@ async fn run_task<R: Renderer>(
                 };
                 heartbeat.abort();
                 let again = outcome.as_ref().ok().cloned();
-                let reported = report(&shared, &client, &lease, outcome, &lost).await;
+                let reported = report(&shared, &client, &lease, outcome, &lost, (&opened, patience)).await;
                 // The coordinator lost an upload (it restarted before the
                 // commit that would have made it durable): once more, from
                 // the work folder, which a lost blob leaves in place.
                 if let (Reported::BlobLost, Ok(frames), Some(again)) = (reported, &rendered, again) {
                     tracing::info!(%lease, "the coordinator lost an uploaded result; uploading it again");
                     let outcome = upload_again(&shared, frames, &again.0).await.map(|()| again);
-                    report(&shared, &client, &lease, outcome, &lost).await;
+                    report(&shared, &client, &lease, outcome, &lost, (&opened, Duration::ZERO)).await;
                 }
             }
             .in_current_span(),
@@ -653,29 +667,41 @@ enum Reported {
 
 /// Reports how the task of `lease` ended, and removes its work folder
 /// (unless a blob of the result was lost: it is uploaded again from there).
+/// A result's Complete carries the slot's next ask when one waits on
+/// `opened` or comes within its patience (see [`carry`]).
 async fn report<R: Renderer>(
     shared: &Shared<R>,
     client: &pb::work_client::WorkClient<Conn>,
     lease: &str,
     outcome: Result<Report, RenderFailure>,
     lost: &std::sync::atomic::AtomicBool,
+    (opened, patience): (&carry::Opened, Duration),
 ) -> Reported {
     let lease = lease.to_string();
     match outcome {
         Ok((outputs, stats, warnings)) => {
             let digests: Vec<String> = outputs.iter().map(|o| o.digest.clone()).collect();
+            let carried = opened.take(patience).await;
             let req = pb::CompleteRequest {
                 lease_id: lease.clone(),
                 outputs,
                 stats,
                 warnings,
+                next: carried.as_ref().map(|c| c.request.clone()),
             };
-            match retry("reporting a result", RESULT_PATIENCE, || {
+            let answer = retry("reporting a result", RESULT_PATIENCE, || {
                 let (mut c, r) = (client.clone(), req.clone());
                 async move { c.complete(r).await }
             })
-            .await
-            {
+            .await;
+            if let Some(c) = carried {
+                let next = answer.as_ref().ok().and_then(|r| r.get_ref().next.clone());
+                if let Some(task) = c.answer(next).and_then(|n| n.task) {
+                    let why = "its slot stopped waiting for it";
+                    ahead::release(client, &task.lease_id, why).await;
+                }
+            }
+            match answer {
                 Ok(r) if r.get_ref().duplicate => tracing::info!(
                     %lease,
                     "result already recorded: an earlier report of it, or another worker's after this lease expired"
@@ -1138,6 +1164,7 @@ pub async fn run_blender(
 }
 
 mod ahead;
+mod carry;
 mod renew;
 mod report;
 mod stamps;

@@ -492,6 +492,38 @@ impl pb::farm_server::Farm for FarmService {
 const MAX_RENEW: usize = 4096;
 
 impl WorkService {
+    /// Answers a lease request of `who`'s worker, waiting up to `wait` for a
+    /// task (a request `ahead` never waits): for Lease, and for the next
+    /// lease a Complete asks for (`wait` zero).
+    async fn lease_for(
+        &self,
+        who: &Identity,
+        req: pb::LeaseRequest,
+        wait: Duration,
+    ) -> Result<pb::LeaseResponse, Status> {
+        let worker = WorkerId(req.worker_id);
+        self.farm.check_worker(who, &worker)?;
+        let cached: HashSet<_> = req
+            .cached_scenes
+            .iter()
+            .filter_map(|d| d.parse().ok())
+            .collect();
+        let warm = req.warm_job.map(JobId);
+        let outcome = if req.ahead {
+            self.farm
+                .lease_ahead(&worker, &cached, warm, req.slot)
+                .await?
+        } else {
+            self.farm
+                .lease(&worker, &cached, warm, req.slot, wait)
+                .await?
+        };
+        Ok(pb::LeaseResponse {
+            task: outcome.task.as_ref().map(Into::into),
+            ended_jobs: outcome.ended.iter().map(|j| j.0).collect(),
+        })
+    }
+
     /// What a Progress call answers for each of `leases` (renewed under one
     /// take of the farm's lock), for Progress and Renew alike.
     fn renew_all(
@@ -554,28 +586,8 @@ impl pb::work_server::Work for WorkService {
     ) -> Result<Response<pb::LeaseResponse>, Status> {
         let who = who(&req)?;
         let req = req.into_inner();
-        let worker = WorkerId(req.worker_id);
-        self.farm.check_worker(&who, &worker)?;
-        let cached: HashSet<_> = req
-            .cached_scenes
-            .iter()
-            .filter_map(|d| d.parse().ok())
-            .collect();
-        let warm = req.warm_job.map(JobId);
-        let outcome = if req.ahead {
-            self.farm
-                .lease_ahead(&worker, &cached, warm, req.slot)
-                .await?
-        } else {
-            let wait = Duration::from_millis(u64::from(req.wait_ms)).min(MAX_LEASE_WAIT);
-            self.farm
-                .lease(&worker, &cached, warm, req.slot, wait)
-                .await?
-        };
-        Ok(Response::new(pb::LeaseResponse {
-            task: outcome.task.as_ref().map(Into::into),
-            ended_jobs: outcome.ended.iter().map(|j| j.0).collect(),
-        }))
+        let wait = Duration::from_millis(u64::from(req.wait_ms)).min(MAX_LEASE_WAIT);
+        Ok(Response::new(self.lease_for(&who, req, wait).await?))
     }
 
     async fn progress(
@@ -666,7 +678,31 @@ impl pb::work_server::Work for WorkService {
         let pending = self
             .farm
             .complete_begin_with_stats(lease, outputs, stats, req.warnings)?;
-        pending.ticket.stored().await?;
+        // The slot's next lease, once the result is recorded in memory (its
+        // slot is free): stored in the same group commit as the result, as
+        // a rule. Should the result's commit fail after the lease was
+        // granted, the lease expires unused, as one whose answer was lost.
+        // A lease request that fails (another worker's id, a coordinator
+        // that stepped down) is left out of the answer, which stands for
+        // the result alone: the worker's own Lease call then meets the
+        // error and acts on it.
+        let next = async {
+            let n = req.next?;
+            match self.lease_for(&who, n, Duration::ZERO).await {
+                Ok(answer) => {
+                    if answer.task.is_some() {
+                        self.farm.lease_carried();
+                    }
+                    Some(answer)
+                }
+                Err(s) => {
+                    tracing::debug!(lease = %lease, "no lease with the result: {}", s.message());
+                    None
+                }
+            }
+        };
+        let (stored, next) = tokio::join!(pending.ticket.stored(), next);
+        stored?;
         if let Some((job, frame)) = pending.stitch {
             blocking(&self.farm, move |f| {
                 f.stitch_ready(job, frame);
@@ -676,6 +712,7 @@ impl pb::work_server::Work for WorkService {
         }
         Ok(Response::new(pb::CompleteResponse {
             duplicate: pending.completion == crate::model::task::Completion::Duplicate,
+            next,
         }))
     }
 

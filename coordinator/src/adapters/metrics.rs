@@ -213,6 +213,12 @@ pub fn render(farm: &Farm, who: &crate::auth::Identity) -> String {
     );
     o.sample(&[], Whole(stats.leases_granted));
     o.family(
+        "tessera_leases_with_results_total",
+        Counter,
+        "Of the leases granted, those asked for with a result (in a Complete's answer) instead of by a Lease call.",
+    );
+    o.sample(&[], Whole(stats.leases_with_results));
+    o.family(
         "tessera_leases_expired_total",
         Counter,
         "Leases that expired (worker lost) since start.",

@@ -186,7 +186,8 @@ impl Farm {
     /// become ready. Returns early, without a task, when the job the slot
     /// holds warm has ended, so that the worker closes that session at once.
     /// A parked call is woken only for a task its slot can render (one call
-    /// per ready task), never all at once.
+    /// per ready task), never all at once. A zero `wait` tries once and is
+    /// never parked (the lease a worker asks for with a result).
     pub async fn lease(
         &self,
         worker: &WorkerId,
@@ -219,7 +220,8 @@ impl Farm {
                     .into_iter()
                     .collect();
                 let leased = self.lease_locked(&mut st, worker, cached, warm, slot, false)?;
-                if leased.is_none() && ended.is_empty() {
+                // A call that may not wait (zero `wait`) is never parked.
+                if leased.is_none() && ended.is_empty() && !wait.is_zero() {
                     key = Some(st.schedule.park(schedule::Waiter {
                         worker: worker.clone(),
                         slot,
@@ -238,7 +240,7 @@ impl Farm {
                     ended,
                 });
             }
-            if !ended.is_empty() {
+            if !ended.is_empty() || key.is_none() {
                 return Ok(LeaseOutcome { task: None, ended });
             }
             let woken = tokio::time::timeout_at(deadline, notify.notified()).await;
@@ -384,6 +386,12 @@ impl Farm {
     fn renew(&self, r: &Renewal) -> bool {
         let (now, ttl) = (self.clock.now_ms(), self.config.lease_ttl_ms);
         Self::renew_locked(&mut self.lock(), now, ttl, r)
+    }
+
+    /// Counts a lease granted in a Complete's answer (asked for with a
+    /// result) instead of by a Lease call, for metrics.
+    pub fn lease_carried(&self) {
+        self.count_stat(|s| s.leases_with_results += 1);
     }
 
     /// Counts a renewal call of `leases` leases: a Renew call (`together`)

@@ -52,6 +52,9 @@ pub struct Stats {
     pub leases_granted: u64,
     /// Leases that expired.
     pub leases_expired: u64,
+    /// Of the leases granted, those asked for with a result (in a
+    /// Complete's answer) instead of by a Lease call.
+    pub leases_with_results: u64,
     /// Renew calls (each renews all of a worker's leases).
     pub renew_calls: u64,
     /// Progress calls (one lease each: workers that predate Renew).

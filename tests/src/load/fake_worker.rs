@@ -4,6 +4,9 @@
 //! result unique to the lease: carried
 //! inside the Complete call when the coordinator accepts results inline,
 //! else uploaded with PutBlob first (always, with `FleetConfig::put_blob`).
+//! The Complete asks for the slot's next lease too, as a real worker's
+//! does (`CompleteRequest.next`); the slot leases with a Lease call only
+//! when that brought no task, or the coordinator predates the field.
 //! Like a real worker, each fake worker renews all its leases in one Renew
 //! call every `progress_every` (see [`FakeWorker::renew_leases`]); with a
 //! coordinator that predates Renew, each slot sends Progress for its own
@@ -69,6 +72,12 @@ pub struct Recorder {
     pub lease: Timings,
     /// Lease calls that ended without a task (the wait ran out).
     pub empty_leases: AtomicU64,
+    /// Leases granted in a Complete's answer, not by a Lease call.
+    pub carried_leases: AtomicU64,
+    /// A slot's idle time between two renders: from the end of one to the
+    /// next task in hand (its result reported and the next lease granted,
+    /// however that was asked for; the same work in every design).
+    pub idle: Timings,
     /// Acknowledged Complete calls.
     pub complete: Timings,
     /// Results from the render's end to their Complete acknowledged, the
@@ -206,14 +215,7 @@ impl FakeWorker {
     /// One Lease call for `slot`, waiting up to `wait`; whether it returned
     /// a task (which is then left to expire).
     pub async fn lease_once(&self, slot: u32, scene: &str, wait: Duration) -> bool {
-        let req = pb::LeaseRequest {
-            worker_id: self.id.clone(),
-            slot,
-            cached_scenes: vec![scene.to_string()],
-            wait_ms: wait.as_millis().min(u128::from(u32::MAX)) as u32,
-            warm_job: None,
-            ahead: false,
-        };
+        let req = self.lease_request(slot, scene, wait);
         match self.work.clone().lease(req).await {
             Ok(r) => r.into_inner().task.is_some(),
             Err(_) => {
@@ -223,40 +225,61 @@ impl FakeWorker {
         }
     }
 
+    /// The slot's request for a task, waiting up to `wait` for one.
+    fn lease_request(&self, slot: u32, scene: &str, wait: Duration) -> pb::LeaseRequest {
+        pb::LeaseRequest {
+            worker_id: self.id.clone(),
+            slot,
+            cached_scenes: vec![scene.to_string()],
+            wait_ms: wait.as_millis().min(u128::from(u32::MAX)) as u32,
+            warm_job: None,
+            ahead: false,
+        }
+    }
+
     /// Runs slot `slot` until the task running it is aborted.
     pub async fn run_slot(self, slot: u32, cfg: Arc<FleetConfig>, rec: Arc<Recorder>) {
         let mut backoff = Duration::from_millis(50);
         let mut draws = Draws::new(&self.id, slot);
+        // The task the last Complete brought, and when the last render ended.
+        let mut next: Option<pb::TaskAssignment> = None;
+        let mut ended: Option<Instant> = None;
         loop {
-            let req = pb::LeaseRequest {
-                worker_id: self.id.clone(),
-                slot,
-                cached_scenes: vec![cfg.scene.clone()],
-                wait_ms: cfg.lease_wait.as_millis().min(u128::from(u32::MAX)) as u32,
-                warm_job: None,
-                ahead: false,
-            };
-            let start = Instant::now();
-            match self.work.clone().lease(req).await {
-                Ok(r) => {
-                    backoff = Duration::from_millis(50);
-                    match r.into_inner().task {
-                        Some(task) => {
-                            rec.lease.record(start);
-                            let took = draws.render_time(cfg.render, cfg.render_jitter);
-                            self.render(task, took, &cfg, &rec).await;
+            let task = match next.take() {
+                Some(task) => task,
+                None => {
+                    let req = self.lease_request(slot, &cfg.scene, cfg.lease_wait);
+                    let start = Instant::now();
+                    match self.work.clone().lease(req).await {
+                        Ok(r) => {
+                            backoff = Duration::from_millis(50);
+                            match r.into_inner().task {
+                                Some(task) => {
+                                    rec.lease.record(start);
+                                    task
+                                }
+                                None => {
+                                    rec.empty_leases.fetch_add(1, Ordering::Relaxed);
+                                    ended = None;
+                                    continue;
+                                }
+                            }
                         }
-                        None => {
-                            rec.empty_leases.fetch_add(1, Ordering::Relaxed);
+                        Err(s) => {
+                            rec.error("lease", &s);
+                            tokio::time::sleep(backoff).await;
+                            backoff = (backoff * 2).min(Duration::from_secs(1));
+                            ended = None;
+                            continue;
                         }
                     }
                 }
-                Err(s) => {
-                    rec.error("lease", &s);
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
-                }
+            };
+            if let Some(ended) = ended.take() {
+                rec.idle.record(ended);
             }
+            let took = draws.render_time(cfg.render, cfg.render_jitter);
+            (ended, next) = self.render(task, slot, took, &cfg, &rec).await;
         }
     }
 
@@ -338,14 +361,17 @@ impl FakeWorker {
     }
 
     /// Works on one leased task: "renders" (its lease renewed meanwhile),
-    /// then reports a result.
+    /// then reports a result, asking for the slot's next lease with it.
+    /// Returns when the render ended (`None` when it did not) and the next
+    /// task, when the Complete's answer brought one.
     async fn render(
         &self,
         task: pb::TaskAssignment,
+        slot: u32,
         took: Duration,
         cfg: &FleetConfig,
         rec: &Recorder,
-    ) {
+    ) -> (Option<Instant>, Option<pb::TaskAssignment>) {
         let mut work = self.work.clone();
         let done_at = tokio::time::Instant::now() + took;
         let rendered = if self.renews {
@@ -355,14 +381,17 @@ impl FakeWorker {
         };
         if !rendered {
             rec.lost.fetch_add(1, Ordering::Relaxed);
-            return;
+            return (None, None);
         }
         let rendered = Instant::now();
         let mut outputs = Vec::new();
         for &frame in &task.frames {
             match self.upload_result(&task, frame, cfg, rec).await {
                 Ok(o) => outputs.push(o),
-                Err(s) => return rec.error("put blob", &s),
+                Err(s) => {
+                    rec.error("put blob", &s);
+                    return (None, None);
+                }
             }
         }
         let digests = outputs.iter().map(|o| o.digest.clone()).collect();
@@ -372,12 +401,13 @@ impl FakeWorker {
             .complete(pb::CompleteRequest {
                 lease_id: task.lease_id.clone(),
                 outputs,
+                next: Some(self.lease_request(slot, &cfg.scene, Duration::ZERO)),
                 ..Default::default()
             })
             .await;
         rec.completes_in_flight.fetch_sub(1, Ordering::Relaxed);
         match answer {
-            Ok(_) => {
+            Ok(r) => {
                 rec.complete.record(start);
                 rec.result.record(rendered);
                 rec.ack(Acked {
@@ -387,11 +417,20 @@ impl FakeWorker {
                     outputs: digests,
                     at: Instant::now(),
                 });
+                let next = r.into_inner().next.and_then(|n| n.task);
+                if next.is_some() {
+                    rec.carried_leases.fetch_add(1, Ordering::Relaxed);
+                }
+                (Some(rendered), next)
             }
             Err(s) if s.code() == Code::FailedPrecondition => {
                 rec.lost.fetch_add(1, Ordering::Relaxed);
+                (Some(rendered), None)
             }
-            Err(s) => rec.error("complete", &s),
+            Err(s) => {
+                rec.error("complete", &s);
+                (Some(rendered), None)
+            }
         }
     }
 

@@ -41,6 +41,15 @@ pub struct Report {
     pub lease_p50_ms: Option<f64>,
     /// Lease latency (calls that returned a task).
     pub lease_p99_ms: Option<f64>,
+    /// Leases granted in a Complete's answer (whole run), not by a Lease
+    /// call: those are not in the Lease latencies; `idle_*` has them.
+    pub carried_leases: Option<u64>,
+    /// A slot's idle time between renders: from one render's end to its
+    /// next task in hand (the result reported and the next lease granted,
+    /// whichever call brought it).
+    pub idle_p50_ms: Option<f64>,
+    /// A slot's idle time between renders.
+    pub idle_p99_ms: Option<f64>,
     /// Complete latency (acknowledged calls).
     pub complete_p50_ms: Option<f64>,
     /// Complete latency (acknowledged calls).
@@ -152,6 +161,12 @@ const COLUMNS: &[Column] = &[
         width: 11,
         decimals: 2,
         get: |r| r.lease_p99_ms,
+    },
+    Column {
+        name: "idle p99",
+        width: 10,
+        decimals: 2,
+        get: |r| r.idle_p99_ms,
     },
     Column {
         name: "compl p99",

@@ -204,6 +204,13 @@ async fn measure(
     let lease = rec.lease.window(w0, w1);
     report.leases = Some(lease.len() as u64);
     report.empty_leases = Some(rec.empty_leases.load(std::sync::atomic::Ordering::Relaxed));
+    report.carried_leases = Some(
+        rec.carried_leases
+            .load(std::sync::atomic::Ordering::Relaxed),
+    );
+    let idle = rec.idle.window(w0, w1);
+    report.idle_p50_ms = idle.percentile_ms(50.0);
+    report.idle_p99_ms = idle.percentile_ms(99.0);
     report.lease_p50_ms = lease.percentile_ms(50.0);
     report.lease_p99_ms = lease.percentile_ms(99.0);
     let complete = rec.complete.window(w0, w1);

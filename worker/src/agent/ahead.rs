@@ -19,6 +19,7 @@ use tessera_proto as pb;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
+use super::carry::Carry;
 use super::renew::{Holding, Renewal};
 use super::{retry, Shared};
 use crate::blender::Renderer;
@@ -58,17 +59,21 @@ impl Ahead {
 }
 
 /// Asks the coordinator for a task ahead for `slot`, whose current render
-/// (of job `warm`) has started; holds the task when one is granted.
+/// (of job `warm`) has started; holds the task when one is granted. The ask
+/// rides on the report of the slot's previous task when that is still on
+/// its way (see [`carry`]), else it is a Lease call of its own.
+///
+/// [`carry`]: super::carry
 pub(super) async fn ask<R: Renderer>(
     shared: &Arc<Shared<R>>,
     slot: u32,
     warm: u64,
     shutdown: &watch::Receiver<bool>,
+    carry: &Carry,
 ) -> Option<Ahead> {
     if *shutdown.borrow() || !shared.cache.has_room() {
         return None;
     }
-    let mut client = pb::work_client::WorkClient::new(shared.channel.clone());
     let req = pb::LeaseRequest {
         worker_id: shared.worker_id.read().await.clone(),
         slot,
@@ -78,25 +83,39 @@ pub(super) async fn ask<R: Renderer>(
         warm_job: Some(warm),
         ahead: true,
     };
-    let answer = client
-        .lease(crate::deadline::request(
-            req,
-            crate::deadline::lease(Duration::ZERO),
-        ))
-        .await;
-    let task = match answer {
-        Ok(r) => r.into_inner().task?,
-        Err(s) => {
-            // The slot leases as usual once its render ends.
-            tracing::info!(slot, "no task leased ahead: {}", s.message());
-            return None;
+    let carried = match carry.ask(req.clone()) {
+        Some(answered) => answered.await.ok().flatten(),
+        None => None,
+    };
+    let with_result = carried.is_some();
+    let answer = match carried {
+        // The coordinator answered it with the report.
+        Some(answer) => answer,
+        None => {
+            let mut client = pb::work_client::WorkClient::new(shared.channel.clone());
+            let answer = client
+                .lease(crate::deadline::request(
+                    req,
+                    crate::deadline::lease(Duration::ZERO),
+                ))
+                .await;
+            match answer {
+                Ok(r) => r.into_inner(),
+                Err(s) => {
+                    // The slot leases as usual once its render ends.
+                    tracing::info!(slot, "no task leased ahead: {}", s.message());
+                    return None;
+                }
+            }
         }
     };
+    let task = answer.task?;
     tracing::info!(
         slot,
         job = task.job_id,
         task = task.task_index,
         lease = %task.lease_id,
+        with_result,
         "next task leased ahead"
     );
     let (decide, decided) = oneshot::channel();
@@ -140,8 +159,15 @@ async fn keep(
         }
     };
     drop(renewal);
+    release(&client, &lease, why).await;
+    false
+}
+
+/// Gives a task leased ahead back to the coordinator, unstarted, because
+/// `why`.
+pub(super) async fn release(client: &pb::work_client::WorkClient<Conn>, lease: &str, why: &str) {
     let req = pb::ReleaseRequest {
-        lease_id: lease.clone(),
+        lease_id: lease.to_string(),
         preempted: false,
         reason: String::new(),
     };
@@ -158,7 +184,6 @@ async fn keep(
         Ok(_) => tracing::info!(%lease, "task held ahead released, not started: {why}"),
         Err(s) => tracing::warn!(%lease, "cannot release the task held ahead: {}", s.message()),
     }
-    false
 }
 
 /// Resolves once `shutdown` is true; never when its sender is gone.
