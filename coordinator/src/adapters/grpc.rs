@@ -679,8 +679,8 @@ impl pb::work_server::Work for WorkService {
             .farm
             .complete_begin_with_stats(lease, outputs, stats, req.warnings)?;
         // The slot's next lease, once the result is recorded in memory (its
-        // slot is free): stored in the same group commit as the result, as
-        // a rule. Should the result's commit fail after the lease was
+        // slot is free): answered once both changes are stored (in the
+        // same group commit or the next). Should the result's commit fail after the lease was
         // granted, the lease expires unused, as one whose answer was lost.
         // A lease request that fails (another worker's id, a coordinator
         // that stepped down) is left out of the answer, which stands for
