@@ -245,6 +245,32 @@ pub struct Renewal {
     pub waiting: bool,
 }
 
+/// A slot's next lease, asked for with its result (see
+/// [`Farm::complete_begin_asking`]).
+#[derive(Debug, Clone)]
+pub struct NextAsk {
+    /// The worker, whose token reported the result.
+    pub worker: WorkerId,
+    /// Scenes it holds in its cache.
+    pub cached: HashSet<Digest>,
+    /// The job its slot holds warm.
+    pub warm: Option<JobId>,
+    /// The slot.
+    pub slot: u32,
+    /// For a slot still rendering (see [`Farm::lease_ahead`]).
+    pub ahead: bool,
+}
+
+/// A lease granted with a result: the task (once its ticket says it is
+/// stored), and jobs that ended, as a lease call answers.
+#[must_use = "a lease holds once its ticket says it is stored"]
+pub struct NextLease {
+    /// The task leased, if one was ready, and its ticket.
+    pub task: Option<(Assignment, Ticket)>,
+    /// Jobs that have ended, whose warm sessions the worker should close.
+    pub ended: Vec<JobId>,
+}
+
 /// The answer to a lease call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LeaseOutcome {

@@ -675,31 +675,66 @@ impl pb::work_server::Work for WorkService {
             .take(outputs.len())
             .map(crate::model::verify::FrameStats::from)
             .collect();
-        let pending = self
-            .farm
-            .complete_begin_with_stats(lease, outputs, stats, req.warnings)?;
-        // The slot's next lease, once the result is recorded in memory (its
-        // slot is free): answered once both changes are stored (in the
-        // same group commit or the next). Should the result's commit fail after the lease was
-        // granted, the lease expires unused, as one whose answer was lost.
-        // A lease request that fails (another worker's id, a coordinator
-        // that stepped down) is left out of the answer, which stands for
-        // the result alone: the worker's own Lease call then meets the
-        // error and acts on it.
+        // The slot's next lease, asked for with the result: leased right
+        // after the result is recorded (its slot is free), under the same
+        // take of the lock, so that both changes share a commit; answered
+        // once both are stored. Should the result's commit fail after the
+        // lease was granted, the lease expires unused, as one whose answer
+        // was lost. A lease request that fails (another worker's id, a
+        // coordinator that stepped down) is left out of the answer, which
+        // stands for the result alone: the worker's own Lease call then
+        // meets the error and acts on it.
+        let ask = req.next.as_ref().and_then(|n| {
+            let worker = WorkerId(n.worker_id.clone());
+            self.farm.check_worker(&who, &worker).ok()?;
+            Some(crate::farm::NextAsk {
+                worker,
+                cached: n
+                    .cached_scenes
+                    .iter()
+                    .filter_map(|d| d.parse().ok())
+                    .collect(),
+                warm: n.warm_job.map(JobId),
+                slot: n.slot,
+                ahead: n.ahead,
+            })
+        });
+        let (pending, leased) =
+            self.farm
+                .complete_begin_asking(lease, outputs, stats, req.warnings, ask.as_ref())?;
         let next = async {
-            let n = req.next?;
-            match self.lease_for(&who, n, Duration::ZERO).await {
-                Ok(answer) => {
-                    if answer.task.is_some() {
-                        self.farm.lease_carried();
+            let answer = match leased {
+                Some(leased) => {
+                    let task = match leased.task {
+                        Some((assignment, ticket)) => {
+                            ticket.stored().await.ok()?;
+                            Some(assignment)
+                        }
+                        None => None,
+                    };
+                    pb::LeaseResponse {
+                        task: task.as_ref().map(Into::into),
+                        ended_jobs: leased.ended.iter().map(|j| j.0).collect(),
                     }
-                    Some(answer)
                 }
-                Err(s) => {
-                    tracing::debug!(lease = %lease, "no lease with the result: {}", s.message());
-                    None
+                // Not leased with the result (a duplicate, a result held
+                // for verification, ...): as a Lease call that does not wait.
+                None => {
+                    ask.as_ref()?;
+                    let n = req.next?;
+                    match self.lease_for(&who, n, Duration::ZERO).await {
+                        Ok(answer) => answer,
+                        Err(s) => {
+                            tracing::debug!(lease = %lease, "no lease with the result: {}", s.message());
+                            return None;
+                        }
+                    }
                 }
+            };
+            if answer.task.is_some() {
+                self.farm.lease_carried();
             }
+            Some(answer)
         };
         let (stored, next) = tokio::join!(pending.ticket.stored(), next);
         stored?;

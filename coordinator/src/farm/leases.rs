@@ -388,6 +388,29 @@ impl Farm {
         Self::renew_locked(&mut self.lock(), now, ttl, r)
     }
 
+    /// Leases the task `ask` asks for under the lock taken for the result
+    /// it came with (see [`Farm::complete_begin_asking`]); `None` when it
+    /// cannot be leased here (the coordinator stepped down, a worker it
+    /// does not know): the caller then leases with a call of its own.
+    pub(super) fn lease_with_result(&self, st: &mut State, ask: &NextAsk) -> Option<NextLease> {
+        self.stopped().is_none().then_some(())?;
+        let ended = if ask.ahead {
+            Vec::new()
+        } else {
+            ask.warm
+                .filter(|j| st.jobs.get(j).is_none_or(|job| job.state.is_final()))
+                .into_iter()
+                .collect()
+        };
+        match self.lease_locked(st, &ask.worker, &ask.cached, ask.warm, ask.slot, ask.ahead) {
+            Ok(task) => Some(NextLease { task, ended }),
+            Err(e) => {
+                tracing::debug!(worker = %ask.worker, "no lease with the result: {e}");
+                None
+            }
+        }
+    }
+
     /// Counts a lease granted in a Complete's answer (asked for with a
     /// result) instead of by a Lease call, for metrics.
     pub fn lease_carried(&self) {

@@ -68,6 +68,25 @@ impl Farm {
         stats: Vec<crate::model::verify::FrameStats>,
         warnings: Vec<String>,
     ) -> Result<PendingResult, Error> {
+        self.complete_begin_asking(lease, outputs, stats, warnings, None)
+            .map(|(pending, _)| pending)
+    }
+
+    /// [`Farm::complete_begin_with_stats`] that also leases the reporting
+    /// slot's next task (`next`, asked with the result) under the same take
+    /// of the lock, right after the result is recorded, so that the two
+    /// changes share a commit. The lease is `None` when it was not granted
+    /// here (a duplicate result, one held for verification, a worker or a
+    /// coordinator that cannot lease now): the caller then leases with a
+    /// call of its own, which says why where there is a reason.
+    pub fn complete_begin_asking(
+        &self,
+        lease: LeaseId,
+        outputs: Vec<FrameOutput>,
+        stats: Vec<crate::model::verify::FrameStats>,
+        warnings: Vec<String>,
+        next: Option<&NextAsk>,
+    ) -> Result<(PendingResult, Option<NextLease>), Error> {
         for o in &outputs {
             check_output(o)?;
         }
@@ -102,7 +121,7 @@ impl Farm {
                 break st;
             }
         };
-        let (ready, ticket) = {
+        let (ready, ticket, leased) = {
             let (mut task, mut job) = Self::find(&st, lease)?;
             let holder = task.holder().cloned();
             let since = match task.state {
@@ -114,15 +133,18 @@ impl Farm {
             let (outputs, extra) =
                 match self.verify_result(&mut st, lease, &mut task, &job, outputs, stats)? {
                     verification::Step::Deliver(outputs, extra) => (outputs, extra),
-                    verification::Step::Answer(pending) => return Ok(pending),
+                    verification::Step::Answer(pending) => return Ok((pending, None)),
                     verification::Step::Unsettled(why) => {
                         drop(st);
                         self.fail(lease, &why, "", FailureScope::Everywhere)?;
-                        return Ok(PendingResult {
-                            completion: Completion::Recorded,
-                            ticket: Ticket::none(),
-                            stitch: None,
-                        });
+                        return Ok((
+                            PendingResult {
+                                completion: Completion::Recorded,
+                                ticket: Ticket::none(),
+                                stitch: None,
+                            },
+                            None,
+                        ));
                     }
                 };
             let completion = task
@@ -149,11 +171,14 @@ impl Farm {
             }
             if completion == Completion::Duplicate {
                 tracing::info!(lease = %lease, "duplicate result ignored");
-                return Ok(PendingResult {
-                    completion,
-                    ticket: Ticket::none(),
-                    stitch: None,
-                });
+                return Ok((
+                    PendingResult {
+                        completion,
+                        ticket: Ticket::none(),
+                        stitch: None,
+                    },
+                    None,
+                ));
             }
             tracing::debug!(lease = %lease, "task done");
             // Stored with the result's own write of the job record.
@@ -169,16 +194,21 @@ impl Farm {
                 tracing::info!(job = %job.id, "job done");
             }
             let ticket = self.store_result(&mut st, task, job, holder.as_ref(), extra);
+            let leased = next.and_then(|ask| self.lease_with_result(&mut st, ask));
             (
                 st.finishing.wants_stitch(lease.job, frame).then_some(frame),
                 ticket,
+                leased,
             )
         };
-        Ok(PendingResult {
-            completion: Completion::Recorded,
-            ticket,
-            stitch: ready.map(|frame| (lease.job, frame)),
-        })
+        Ok((
+            PendingResult {
+                completion: Completion::Recorded,
+                ticket,
+                stitch: ready.map(|frame| (lease.job, frame)),
+            },
+            leased,
+        ))
     }
 
     /// Records a failed attempt; the task is retried elsewhere or, out of

@@ -652,3 +652,61 @@ fn renewing_leases_together_answers_each_as_its_own_renewal_would() {
     let task = f.farm.lock().tasks[&kept][running.task as usize].clone();
     assert_eq!((task.samples_done, task.samples_total), (3, 8));
 }
+
+#[test]
+fn a_lease_asked_with_a_result_is_granted_and_stored_in_the_same_commit() {
+    let f = fixture();
+    let w = worker(&f.farm, "a");
+    let job = f.farm.submit(sub(f.scene, "1-3", 1)).unwrap();
+    let first = f.farm.try_lease(&w, &HashSet::new()).unwrap().unwrap();
+    let ask = NextAsk {
+        worker: w.clone(),
+        cached: HashSet::new(),
+        warm: Some(job),
+        slot: 0,
+        ahead: false,
+    };
+    let before = f.farm.stats();
+    let (pending, next) = f
+        .farm
+        .complete_begin_asking(
+            first.lease,
+            vec![output(&f, 1)],
+            Vec::new(),
+            Vec::new(),
+            Some(&ask),
+        )
+        .unwrap();
+    let next = next.expect("leased with the result");
+    let (second, ticket) = next.task.expect("the next task");
+    pending.ticket.wait().unwrap();
+    ticket.wait().unwrap();
+    assert_eq!(second.frames, [2]);
+    let after = f.farm.stats();
+    assert_eq!(
+        (
+            after.commits - before.commits,
+            after.committed_changes - before.committed_changes
+        ),
+        (1, 2),
+        "the result and the lease share one commit"
+    );
+    // Both are on disk: a restart finds frame 1 done and frame 2 leased.
+    let again = f.reopen();
+    let snap = again.job(job).unwrap();
+    assert_eq!((snap.counts.done, snap.counts.leased), (1, 1));
+
+    // A duplicate result leases nothing here: the caller asks on its own.
+    let (pending, next) = f
+        .farm
+        .complete_begin_asking(
+            first.lease,
+            vec![output(&f, 1)],
+            Vec::new(),
+            Vec::new(),
+            Some(&ask),
+        )
+        .unwrap();
+    assert_eq!(pending.completion, Completion::Duplicate);
+    assert!(next.is_none());
+}

@@ -300,6 +300,13 @@ impl Committer {
 
     fn run(self, rx: Receiver<Entry>) {
         while let Ok(first) = rx.recv() {
+            // Changes are queued under the farm's lock: once it is free,
+            // every change computed in the same take of it is queued too (a
+            // result and the lease asked for with it), and shares this
+            // commit instead of waiting for the next.
+            if let Some(state) = self.state.upgrade() {
+                drop(state.lock().unwrap_or_else(|e| e.into_inner()));
+            }
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {
                 match rx.try_recv() {
