@@ -245,8 +245,8 @@ pub struct Renewal {
     pub waiting: bool,
 }
 
-/// A slot's next lease, asked for with its result (see
-/// [`Farm::complete_begin_asking`]).
+/// What a lease request asks for: a Lease call's, or the slot's next
+/// lease asked for with its result (see [`Farm::complete_begin_asking`]).
 #[derive(Debug, Clone)]
 pub struct NextAsk {
     /// The worker, whose token reported the result.
@@ -269,6 +269,8 @@ pub struct NextLease {
     pub task: Option<(Assignment, Ticket)>,
     /// Jobs that have ended, whose warm sessions the worker should close.
     pub ended: Vec<JobId>,
+    /// When the lease was computed, for [`Farm::lease_served`] once stored.
+    pub started: std::time::Instant,
 }
 
 /// The answer to a lease call.

@@ -95,6 +95,20 @@ fn free_port() -> Result<u16, String> {
     Err("no free pair of ports below 55536".into())
 }
 
+/// Whether the S3 gateway on `port` answers an HTTP request (whatever its
+/// status): its port accepts connections a moment before it serves them,
+/// and a coordinator started in that moment cannot open its blob store.
+fn answers_http(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let asked = s.write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    let mut head = [0u8; 5];
+    asked.is_ok() && s.read_exact(&mut head).is_ok() && &head == b"HTTP/"
+}
+
 fn secret(what: &str) -> String {
     let seed = format!("{what}{:?}{}", Instant::now(), std::process::id());
     blake3::hash(seed.as_bytes()).to_hex()[..20].to_string()
@@ -163,7 +177,7 @@ impl S3Server {
                 last = self.shell(&format!("s3.bucket.create -name {}", self.bucket))?;
                 created = last.contains("created bucket") || last.contains("already exist");
             }
-            if created && TcpStream::connect(("127.0.0.1", s3)).is_ok() {
+            if created && answers_http(s3) {
                 return Ok(());
             }
             if Instant::now() > deadline {

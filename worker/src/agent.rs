@@ -622,7 +622,7 @@ async fn run_task<R: Renderer>(
         // finds this report on its way; a slot that starts a task it held
         // ahead asks within moments, so the report waits for that.
         let opened = carry.open();
-        let patience = if next.is_some() {
+        let patience = if next.is_some() && stops.is_none() {
             carry::ASK_PATIENCE
         } else {
             Duration::ZERO

@@ -1,6 +1,5 @@
 //! Thin gRPC adapters: unwrap the request, call the [`Farm`], map the answer.
 
-use std::collections::HashSet;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -491,6 +490,21 @@ impl pb::farm_server::Farm for FarmService {
 /// a slot (one it reports, one it renders, one ahead).
 const MAX_RENEW: usize = 4096;
 
+/// What a lease request asks for, with the scenes it names that parse.
+fn ask_of(req: &pb::LeaseRequest) -> crate::farm::NextAsk {
+    crate::farm::NextAsk {
+        worker: WorkerId(req.worker_id.clone()),
+        cached: req
+            .cached_scenes
+            .iter()
+            .filter_map(|d| d.parse().ok())
+            .collect(),
+        warm: req.warm_job.map(JobId),
+        slot: req.slot,
+        ahead: req.ahead,
+    }
+}
+
 impl WorkService {
     /// Answers a lease request of `who`'s worker, waiting up to `wait` for a
     /// task (a request `ahead` never waits): for Lease, and for the next
@@ -501,21 +515,16 @@ impl WorkService {
         req: pb::LeaseRequest,
         wait: Duration,
     ) -> Result<pb::LeaseResponse, Status> {
-        let worker = WorkerId(req.worker_id);
-        self.farm.check_worker(who, &worker)?;
-        let cached: HashSet<_> = req
-            .cached_scenes
-            .iter()
-            .filter_map(|d| d.parse().ok())
-            .collect();
-        let warm = req.warm_job.map(JobId);
-        let outcome = if req.ahead {
+        let ask = ask_of(&req);
+        self.farm.check_worker(who, &ask.worker)?;
+        let (worker, cached, warm) = (&ask.worker, &ask.cached, ask.warm);
+        let outcome = if ask.ahead {
             self.farm
-                .lease_ahead(&worker, &cached, warm, req.slot)
+                .lease_ahead(worker, cached, warm, ask.slot)
                 .await?
         } else {
             self.farm
-                .lease(&worker, &cached, warm, req.slot, wait)
+                .lease(worker, cached, warm, ask.slot, wait)
                 .await?
         };
         Ok(pb::LeaseResponse {
@@ -684,21 +693,11 @@ impl pb::work_server::Work for WorkService {
         // coordinator that stepped down) is left out of the answer, which
         // stands for the result alone: the worker's own Lease call then
         // meets the error and acts on it.
-        let ask = req.next.as_ref().and_then(|n| {
-            let worker = WorkerId(n.worker_id.clone());
-            self.farm.check_worker(&who, &worker).ok()?;
-            Some(crate::farm::NextAsk {
-                worker,
-                cached: n
-                    .cached_scenes
-                    .iter()
-                    .filter_map(|d| d.parse().ok())
-                    .collect(),
-                warm: n.warm_job.map(JobId),
-                slot: n.slot,
-                ahead: n.ahead,
-            })
-        });
+        let ask = req
+            .next
+            .as_ref()
+            .map(ask_of)
+            .filter(|a| self.farm.check_worker(&who, &a.worker).is_ok());
         let (pending, leased) =
             self.farm
                 .complete_begin_asking(lease, outputs, stats, req.warnings, ask.as_ref())?;
@@ -708,6 +707,7 @@ impl pb::work_server::Work for WorkService {
                     let task = match leased.task {
                         Some((assignment, ticket)) => {
                             ticket.stored().await.ok()?;
+                            self.farm.lease_served(leased.started);
                             Some(assignment)
                         }
                         None => None,

@@ -257,7 +257,7 @@ impl Farm {
     }
 
     /// Counts a granted lease that took from `started` until it was stored.
-    fn lease_served(&self, started: std::time::Instant) {
+    pub fn lease_served(&self, started: std::time::Instant) {
         let took = started.elapsed().as_secs_f64();
         self.count_stat(|s| s.lease_latency.observe(took));
     }
@@ -394,6 +394,7 @@ impl Farm {
     /// does not know): the caller then leases with a call of its own.
     pub(super) fn lease_with_result(&self, st: &mut State, ask: &NextAsk) -> Option<NextLease> {
         self.stopped().is_none().then_some(())?;
+        let started = std::time::Instant::now();
         let ended = if ask.ahead {
             Vec::new()
         } else {
@@ -403,7 +404,11 @@ impl Farm {
                 .collect()
         };
         match self.lease_locked(st, &ask.worker, &ask.cached, ask.warm, ask.slot, ask.ahead) {
-            Ok(task) => Some(NextLease { task, ended }),
+            Ok(task) => Some(NextLease {
+                task,
+                ended,
+                started,
+            }),
             Err(e) => {
                 tracing::debug!(worker = %ask.worker, "no lease with the result: {e}");
                 None
