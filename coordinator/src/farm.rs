@@ -446,7 +446,7 @@ impl Farm {
         }
         .start();
         state.lock().unwrap_or_else(|e| e.into_inner()).commits = Some(commits);
-        let result_sync = txn::ResultSync::start(blobs.clone());
+        let result_sync = txn::ResultSync::start(blobs.clone(), stats.clone());
         Ok(Self {
             state,
             stats,

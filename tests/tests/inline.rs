@@ -60,6 +60,26 @@ fn stored(data: &Path, bytes: &[u8]) -> bool {
         .any(|e| std::fs::read(e.unwrap().path()).is_ok_and(|b| b == bytes))
 }
 
+/// One CPU slot's registration as `name`.
+fn info(name: &str) -> pb::WorkerInfo {
+    pb::WorkerInfo {
+        name: name.into(),
+        slots: 1,
+        device: "cpu".into(),
+        blender_version: "Blender 3.4.1".into(),
+        ..Default::default()
+    }
+}
+
+/// Work clients for two workers with tokens of their own.
+fn two_workers(
+    rt: &tokio::runtime::Runtime,
+    target: &Target,
+) -> [pb::work_client::WorkClient<tessera_tests::load::Conn>; 2] {
+    let tokens = rt.block_on(worker_tokens(target, 2)).unwrap();
+    [0, 1].map(|i| work(connect(&target.url, &tokens[i]).unwrap()))
+}
+
 #[test]
 fn inline_results_are_stored_exactly_and_bad_ones_store_nothing() {
     let scene = std::fs::read(scene(&["--kind", "still", "--frames", "1"])).unwrap();
@@ -75,18 +95,7 @@ fn inline_results_are_stored_exactly_and_bad_ones_store_nothing() {
     // Connections are made lazily, on the runtime.
     let _in_rt = rt.enter();
     let minute = Duration::from_secs(60);
-    let tokens = rt.block_on(worker_tokens(&target, 2)).unwrap();
-    let (holder, stranger) = (
-        work(connect(&target.url, &tokens[0]).unwrap()),
-        work(connect(&target.url, &tokens[1]).unwrap()),
-    );
-    let info = |name: &str| pb::WorkerInfo {
-        name: name.into(),
-        slots: 1,
-        device: "cpu".into(),
-        blender_version: "Blender 3.4.1".into(),
-        ..Default::default()
-    };
+    let [holder, stranger] = two_workers(&rt, &target);
     let (frame, pass, empty) = (unique("frame", 100_000), unique("pass", 3_000), Vec::new());
     let (job, lease, max) = rt.block_on(async {
         let digest = put_blob(&target.url, &target.admin_token, scene)
@@ -324,18 +333,7 @@ fn a_complete_brings_its_slots_next_lease_when_asked() {
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _in_rt = rt.enter();
-    let tokens = rt.block_on(worker_tokens(&target, 2)).unwrap();
-    let (client, other) = (
-        work(connect(&target.url, &tokens[0]).unwrap()),
-        work(connect(&target.url, &tokens[1]).unwrap()),
-    );
-    let info = |name: &str| pb::WorkerInfo {
-        name: name.into(),
-        slots: 1,
-        device: "cpu".into(),
-        blender_version: "Blender 3.4.1".into(),
-        ..Default::default()
-    };
+    let [client, other] = two_workers(&rt, &target);
     let (job, holder, stranger) = rt.block_on(async {
         let digest = put_blob(&target.url, &target.admin_token, scene)
             .await

@@ -667,16 +667,18 @@ fn a_lease_asked_with_a_result_is_granted_and_stored_in_the_same_commit() {
         ahead: false,
     };
     let before = f.farm.stats();
-    let (pending, next) = f
-        .farm
-        .complete_begin_asking(
-            first.lease,
-            vec![output(&f, 1)],
-            Vec::new(),
-            Vec::new(),
-            Some(&ask),
-        )
-        .unwrap();
+    let report = || {
+        f.farm
+            .complete_begin_asking(
+                first.lease,
+                vec![output(&f, 1)],
+                Vec::new(),
+                Vec::new(),
+                Some(&ask),
+            )
+            .unwrap()
+    };
+    let (pending, next) = report();
     let next = next.expect("leased with the result");
     let (second, ticket) = next.task.expect("the next task");
     pending.ticket.wait().unwrap();
@@ -697,16 +699,7 @@ fn a_lease_asked_with_a_result_is_granted_and_stored_in_the_same_commit() {
     assert_eq!((snap.counts.done, snap.counts.leased), (1, 1));
 
     // A duplicate result leases nothing here: the caller asks on its own.
-    let (pending, next) = f
-        .farm
-        .complete_begin_asking(
-            first.lease,
-            vec![output(&f, 1)],
-            Vec::new(),
-            Vec::new(),
-            Some(&ask),
-        )
-        .unwrap();
+    let (pending, next) = report();
     assert_eq!(pending.completion, Completion::Duplicate);
     assert!(next.is_none());
 }

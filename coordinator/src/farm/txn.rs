@@ -215,7 +215,7 @@ pub(super) struct ResultSync(Option<Sender<SyncRequest>>);
 impl ResultSync {
     /// Starts the sync thread when `blobs` defers durability; it ends when
     /// the farm is dropped.
-    pub(super) fn start(blobs: Arc<dyn BlobStore>) -> Self {
+    pub(super) fn start(blobs: Arc<dyn BlobStore>, stats: Arc<Mutex<Stats>>) -> Self {
         if !blobs.defers_durability() {
             return Self(None);
         }
@@ -226,6 +226,7 @@ impl ResultSync {
                 while let Ok(first) = rx.recv() {
                     let mut group = vec![first];
                     group.extend(rx.try_iter());
+                    let started = std::time::Instant::now();
                     // Each request's own files first: one refused, or one
                     // that cannot be written, fails that request alone.
                     let stored: Vec<Result<(), Error>> = group
@@ -233,6 +234,10 @@ impl ResultSync {
                         .map(|r| store_carried(&*blobs, &r.carried))
                         .collect();
                     let result = blobs.make_durable();
+                    stats
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .result_sync_took(group.len(), started.elapsed().as_secs_f64());
                     for (r, own) in group.into_iter().zip(stored) {
                         r.done.finish(
                             own.and_then(|()| result.as_ref().map_err(|e| like(e, false)).copied()),
@@ -537,7 +542,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let fs = Arc::new(FsBlobStore::open(dir.path(), 1 << 20).unwrap());
         let blobs: Arc<dyn BlobStore> = fs.clone();
-        let sync = Arc::new(ResultSync::start(blobs.clone()));
+        let stats = Arc::new(Mutex::new(Stats::default()));
+        let sync = Arc::new(ResultSync::start(blobs.clone(), stats.clone()));
         let waiting = || std::fs::read_dir(dir.path().join("tmp")).unwrap().count();
         let mut digests = Vec::new();
         for i in 0..20u8 {
@@ -559,6 +565,18 @@ mod tests {
             c.await.unwrap().unwrap();
         }
         assert_eq!(waiting(), 0, "every waiting blob was moved into place");
+        let counted = stats.lock().unwrap().clone();
+        assert_eq!(counted.result_sync_results, 8, "each result counted once");
+        assert!(
+            (1..=8).contains(&counted.result_syncs),
+            "{} groups",
+            counted.result_syncs
+        );
+        assert_eq!(
+            counted.result_sync_latency.count(),
+            counted.result_syncs,
+            "each group timed"
+        );
         for (d, bytes) in &digests {
             let placed = fs.path(d);
             assert!(placed.is_file(), "{} is not in place", placed.display());
@@ -573,7 +591,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let fs = Arc::new(FsBlobStore::open(dir.path(), 1 << 20).unwrap());
         let blobs: Arc<dyn BlobStore> = fs.clone();
-        let sync = ResultSync::start(blobs.clone());
+        let sync = ResultSync::start(blobs.clone(), Arc::default());
         let carried = |what: &str, bytes: Vec<u8>, claimed: Digest| Carried {
             what: what.into(),
             digest: claimed,
@@ -612,7 +630,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_store_durable_on_write_needs_no_result_sync() {
-        let sync = ResultSync::start(Arc::new(crate::blobs::MemoryBlobStore::default()));
+        let sync = ResultSync::start(
+            Arc::new(crate::blobs::MemoryBlobStore::default()),
+            Arc::default(),
+        );
         assert!(
             sync.0.is_none(),
             "no thread for a store with nothing to sync"
