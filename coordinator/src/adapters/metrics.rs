@@ -248,23 +248,17 @@ pub fn render(farm: &Farm, who: &crate::auth::Identity) -> String {
         "Time one store transaction took to write and flush (the durable write every acknowledged change waits for).",
         &stats.commit_latency,
     );
-    o.family(
-        "tessera_result_syncs_total",
-        Counter,
-        "Groups of results whose files were stored and synced together before their changes were queued (a blob directory only).",
+    o.latency(
+        "tessera_result_sync_seconds",
+        "Time one group of results took to store its carried files and sync every waiting blob (a blob directory only): what a Complete waits for before its change is committed. Its count is the number of groups.",
+        &stats.result_sync_latency,
     );
-    o.sample(&[], Whole(stats.result_syncs));
     o.family(
         "tessera_result_sync_results_total",
         Counter,
-        "Results those groups held; over tessera_result_syncs_total, the mean group.",
+        "Results those groups held; over tessera_result_sync_seconds_count, the mean group.",
     );
     o.sample(&[], Whole(stats.result_sync_results));
-    o.latency(
-        "tessera_result_sync_seconds",
-        "Time one group of results took to store its carried files and sync every waiting blob: what a Complete waits for before its change is committed.",
-        &stats.result_sync_latency,
-    );
     o.latency(
         "tessera_lease_seconds",
         "Time to serve a granted lease once a task was ready for the slot: the lock, the pick and the durable write of the lease (a parked call's idle wait for work is not counted).",

@@ -73,15 +73,13 @@ pub struct Stats {
     pub lease_latency: Latency,
     /// Changes those transactions held (group commit puts several in one).
     pub committed_changes: u64,
-    /// Groups of results made durable by the results' sync (before their
-    /// changes are computed): each stores the files its results carry and
-    /// syncs every blob waiting.
-    pub result_syncs: u64,
-    /// Results those groups held; over `result_syncs`, the mean group.
-    pub result_sync_results: u64,
-    /// How long each group took, storing included: what a Complete waits
-    /// for before its change is queued.
+    /// How long each group of results took to be made durable by the
+    /// results' sync (before their changes are computed): storing the
+    /// files they carry and syncing every blob waiting. Its count is the
+    /// number of groups.
     pub result_sync_latency: Latency,
+    /// Results those groups held; over the groups, the mean group.
+    pub result_sync_results: u64,
     /// Leases handed back by preempted workers (no attempt charged).
     pub preemptions: u64,
     /// Verification renders compared with an earlier result of their task.
@@ -99,7 +97,6 @@ impl Stats {
 
     /// Counts one group of `results` made durable in `seconds`.
     pub fn result_sync_took(&mut self, results: usize, seconds: f64) {
-        self.result_syncs += 1;
         self.result_sync_results += results as u64;
         self.result_sync_latency.observe(seconds);
     }
