@@ -205,7 +205,7 @@ struct SyncRequest {
 /// here and only then computes its change, so the group commit that stores
 /// its records finds no blob left to sync, and the leases sharing that
 /// commit wait for the metadata flush alone, not for the results'
-/// fdatasyncs. The commit still syncs any blob a change names (a scene, a
+/// syncs. The commit still syncs any blob a change names (a scene, a
 /// stitched frame) that is not yet durable. Storing carried files here
 /// rather than on a thread of their own saves a Complete one hand-off
 /// between threads (two context switches) per result.
