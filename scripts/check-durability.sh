@@ -5,11 +5,10 @@
 # Result blobs wait under blobs/tmp until their Complete asks for the
 # results' group sync (one thread, one pass for every Complete waiting), which
 # syncs each new blob's bytes (fdatasync), moves them into place and syncs
-# their directories (fsync), or, for more than 64 blobs, or 2 or more while
-# the machine has under 8 MiB left to write back (Dirty + Writeback in
-# /proc/meminfo), takes one syncfs of the blob volume for each step (Linux
-# 5.8 and later, where syncfs reports failed writes); this job's results come
-# one at a time, so it shows fdatasyncs; only then is the result's change queued for
+# their directories (fsync), or, for more than 64 blobs or while the machine
+# has under 8 MiB left to write back (Dirty + Writeback in /proc/meminfo),
+# takes one syncfs of the blob volume for each step (Linux 5.8 and later,
+# where syncfs reports failed writes); only then is the result's change queued for
 # the group commit, which does the same for any other new blob (a scene, a
 # stitched frame) before it writes the records. Uploads themselves sync nothing.
 # sled's own flush only calls sync_file_range; the store's fsync of sled's log
