@@ -164,9 +164,9 @@ pub struct FsBlobStore {
     /// would miss a failure of the kernel's own write-back before the open.
     /// A failure it reports may be another program's on the same volume:
     /// that batch fails as a failed `fdatasync` would fail it, and the
-    /// next call starts after that failure. `None` where `syncfs` says nothing of failed
-    /// writes (an older Linux, another system): every batch then syncs its
-    /// blobs one by one.
+    /// next call starts after that failure. `None` where `syncfs` says
+    /// nothing of failed writes (an older Linux, another system): every
+    /// batch then syncs its blobs one by one.
     volume_fd: Option<std::fs::File>,
 }
 
@@ -306,11 +306,10 @@ const SYNCFS_FROM: usize = 64;
 /// existing shard, three flushes one by one into a new one), and under
 /// load a lone result is not slower with `syncfs` (`tessera-load run -w 10
 /// -s 8`, three pairs: slot idle p50 4.5-6.2 ms against 5.0-6.9 ms with
-/// lone blobs one by one). Over the threshold
-/// (a compiler's output, a big render being written back), small batches
-/// go one by one, so they never wait for other programs' bytes: beside the
-/// test suite's writes, one blob took 1.74 ms with `syncfs` against 0.69 ms
-/// one by one.
+/// lone blobs one by one). Over the threshold (a compiler's output, a big
+/// render being written back), small batches go one by one, so they never
+/// wait for other programs' bytes: beside the test suite's writes, one
+/// blob took 1.74 ms with `syncfs` against 0.69 ms one by one.
 const QUIET_BELOW: u64 = 8 << 20;
 
 /// Whether `syncfs` reports a failed write-back: Linux 5.8 and later.
