@@ -106,6 +106,13 @@ impl Browser {
 
     /// Sends a command (to the page once attached) and waits for its answer.
     pub fn call(&mut self, method: &str, params: Value) -> Value {
+        self.try_call(method, params)
+            .unwrap_or_else(|e| panic!("{method} failed: {e}"))
+    }
+
+    /// [`Browser::call`], with chromium's error as an `Err` instead of a
+    /// panic.
+    fn try_call(&mut self, method: &str, params: Value) -> Result<Value, Value> {
         self.next += 1;
         let id = self.next;
         let mut msg = json!({"id": id, "method": method, "params": params});
@@ -127,9 +134,9 @@ impl Browser {
                 .unwrap_or_else(|_| panic!("chromium did not answer {method}"));
             if v["id"] == json!(id) {
                 if let Some(e) = v.get("error") {
-                    panic!("{method} failed: {e}");
+                    return Err(e.clone());
                 }
-                return v["result"].clone();
+                return Ok(v["result"].clone());
             }
         }
     }
@@ -149,24 +156,36 @@ impl Browser {
 
     /// Evaluates `js` in the page (awaiting a promise) and returns its value.
     pub fn eval(&mut self, js: &str) -> Value {
-        let r = self.call(
+        self.try_eval(js)
+            .unwrap_or_else(|e| panic!("Runtime.evaluate failed: {e}"))
+    }
+
+    /// [`Browser::eval`], with chromium's error as an `Err`: a page that
+    /// navigates while `js` runs (a sign-in's redirect) ends the evaluation
+    /// with "Inspected target navigated or closed".
+    fn try_eval(&mut self, js: &str) -> Result<Value, Value> {
+        let r = self.try_call(
             "Runtime.evaluate",
             json!({"expression": js, "returnByValue": true, "awaitPromise": true}),
-        );
+        )?;
         if let Some(e) = r.get("exceptionDetails") {
             panic!("{js} threw: {e}");
         }
-        r["result"]["value"].clone()
+        Ok(r["result"]["value"].clone())
     }
 
-    /// Waits until `js` is true in the page; false on timeout.
+    /// Waits until `js` is true in the page; false on timeout. An
+    /// evaluation that the page's navigation cut short counts as not yet.
     pub fn wait_for(&mut self, js: &str, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let guarded =
             format!("(() => {{ try {{ return !!({js}); }} catch (e) {{ return false; }} }})()");
         while Instant::now() < deadline {
-            if self.eval(&guarded) == json!(true) {
-                return true;
+            match self.try_eval(&guarded) {
+                Ok(v) if v == json!(true) => return true,
+                Ok(_) => {}
+                Err(e) if navigated(&e) => {}
+                Err(e) => panic!("Runtime.evaluate failed: {e}"),
             }
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -181,10 +200,13 @@ impl Browser {
             self.wait_for("document.querySelector('#login')", Duration::from_secs(20)),
             "no sign-in form"
         );
-        self.eval(&format!(
+        let submit = format!(
             "document.getElementById('token').value = {}; document.getElementById('login').requestSubmit(); true",
             json!(token)
-        ));
+        );
+        if let Err(e) = self.try_eval(&submit) {
+            assert!(navigated(&e), "Runtime.evaluate failed: {e}");
+        }
         assert!(
             self.wait_for("location.pathname === '/'", Duration::from_secs(20)),
             "sign-in failed: {}",
@@ -201,4 +223,17 @@ impl Browser {
             .unwrap();
         std::fs::write(path, png).unwrap();
     }
+}
+
+/// Whether chromium's error says the page navigated (or its document was
+/// replaced) while a command ran, so that trying again is right.
+fn navigated(error: &Value) -> bool {
+    let message = error["message"].as_str().unwrap_or_default();
+    [
+        "navigated or closed",
+        "Execution context was destroyed",
+        "Cannot find context",
+    ]
+    .iter()
+    .any(|m| message.contains(m))
 }
