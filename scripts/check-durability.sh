@@ -4,13 +4,11 @@
 # against the store commits the coordinator reports (tessera_store_commits_total).
 # Result blobs wait under blobs/tmp until their Complete asks for the
 # results' group sync (one thread, one pass for every Complete waiting), which
-# syncs each new blob's bytes (fdatasync) and blobs/tmp that names them by
-# digest (fsync), or, for more than 64 blobs or while the machine has under
-# 8 MiB left to write back (Dirty + Writeback in /proc/meminfo), takes one
-# syncfs of the blob volume instead (Linux 5.8 and later, where syncfs reports
-# failed writes), then moves them into place with no further sync (a crash
-# leaves each whole under one name or the other, and the store takes back
-# whole blobs from blobs/tmp when it opens); only then is the result's change queued for
+# syncs each new blob's bytes (fdatasync), moves them into place and syncs
+# their directories (fsync), or, for more than 64 blobs or while the machine
+# has under 8 MiB left to write back (Dirty + Writeback in /proc/meminfo),
+# takes one syncfs of the blob volume for each step (Linux 5.8 and later,
+# where syncfs reports failed writes); only then is the result's change queued for
 # the group commit, which does the same for any other new blob (a scene, a
 # stitched frame) before it writes the records. Uploads themselves sync nothing.
 # sled's own flush only calls sync_file_range; the store's fsync of sled's log

@@ -317,25 +317,27 @@ impl FsBlobStore {
 
 /// The most blobs [`BlobStore::make_durable`] syncs one by one; a larger
 /// batch (a file set's thousands of files) takes one `syncfs` of the volume
-/// for their bytes and names, where `syncfs` reports failed writes
-/// ([`FsBlobStore::volume_fd`]). One by one, a batch costs a `fdatasync` per
-/// blob and an `fsync` of `tmp/`, but never waits for other programs'
-/// writes to the same disk, as `syncfs` does (measured: a `syncfs` beside a
-/// compiler's fresh output took 0.5 s).
+/// for their bytes and one for their names, where `syncfs` reports failed
+/// writes ([`FsBlobStore::volume_fd`]). One by one, a batch costs a
+/// `fdatasync` per blob and an `fsync` per directory, but never waits for
+/// other programs' writes to the same disk, as `syncfs` does (measured: a
+/// `syncfs` beside a compiler's fresh output took 0.5 s).
 const SYNCFS_FROM: usize = 64;
 
 /// Written bytes not yet on disk, machine-wide, under which a batch of any
-/// size takes `syncfs` instead of a sync per blob: with so little to write,
-/// the volume's flush costs about what the batch's own bytes do, and each
-/// per-file sync is a disk cache flush of its own. `scripts/bench-sync.sh`
-/// on an ext4 virtual disk (15 rounds, twice): one blob 0.37-0.38 ms
-/// against 0.44-0.46 ms one by one, 2 blobs 0.41-0.46 ms against
-/// 0.70-0.83 ms, 8 blobs 0.58-0.73 ms against 2.3-2.5 ms, 80 blobs
-/// 3.3-3.7 ms against 22-24 ms. Over the threshold (a compiler's output, a
-/// big render being written back), small batches go one by one, so they
-/// never wait for other programs' bytes: beside the test suite's writes,
-/// one blob took 1.74 ms with `syncfs` against 0.69 ms one by one (both
-/// measured when each also synced the names after the moves).
+/// size takes `syncfs` instead of a sync per blob and per directory: with
+/// so little to write, the volume's flush costs about what the batch's own
+/// bytes do, and each per-file sync is a disk cache flush of its own.
+/// `scripts/bench-sync.sh` on an ext4 virtual disk: 2 blobs 0.69-0.81x the
+/// time one by one, 8 blobs 0.25x, 80 blobs 0.12x; one blob alone costs
+/// two flushes either way (0.62-0.72 ms against 0.52-0.63 ms into an
+/// existing shard, three flushes one by one into a new one), and under
+/// load a lone result is not slower with `syncfs` (`tessera-load run -w 10
+/// -s 8`, three pairs: slot idle p50 4.5-6.2 ms against 5.0-6.9 ms with
+/// lone blobs one by one). Over the threshold (a compiler's output, a big
+/// render being written back), small batches go one by one, so they never
+/// wait for other programs' bytes: beside the test suite's writes, one
+/// blob took 1.74 ms with `syncfs` against 0.69 ms one by one.
 const QUIET_BELOW: u64 = 8 << 20;
 
 /// Whether `syncfs` reports a failed write-back: Linux 5.8 and later.
