@@ -1,17 +1,13 @@
 #!/usr/bin/env bash
-# The blob store's durable step on one disk: what the results' sync
-# (`make_durable` in coordinator/src/blobs.rs) does for a batch of N new
-# blobs, each written under tmp/, beside what it did before. Now:
-#   one by one: fdatasync each file, fsync tmp/, move each into its shard
-#               directory (256 shards, as blobs/ab/cdef...);
-#   syncfs:     syncfs of the volume, then the moves.
-# Before (the moves synced too, a second flush):
-#   one by one: fdatasync each file, the moves, fsync each shard directory;
-#   syncfs:     syncfs, the moves, syncfs again.
-# Prints the median of ROUNDS batches per size, each way, and the ratios
-# now/before. The coordinator takes syncfs for batches over 64 blobs, and
-# for smaller ones while the machine has under 8 MiB written and not yet on
-# disk.
+# The blob store's durable step, both ways, on one disk: what the results'
+# sync (`make_durable` in coordinator/src/blobs.rs) does for a batch of N new
+# blobs. Each blob is written under tmp/ and then
+#   one by one: fdatasync each file, move it into its shard directory
+#               (256 shards, as blobs/ab/cdef...), fsync each directory;
+#   syncfs:     syncfs of the volume, the moves, syncfs again.
+# Prints the median of ROUNDS batches per size, each way, and the ratio.
+# The coordinator takes syncfs for batches over 64 blobs, and for smaller
+# ones while the machine has under 8 MiB written and not yet on disk.
 # Usage: [ROUNDS=7] [SIZE=20000] scripts/bench-sync.sh [DIR]   (DIR on the
 # disk to measure, default a temporary directory under ./target)
 set -euo pipefail
@@ -63,11 +59,7 @@ def sync(path, data_only):
     finally:
         os.close(fd)
 
-def syncfs(fd):
-    if libc.syncfs(fd) != 0:
-        raise OSError(ctypes.get_errno(), "syncfs")
-
-def one_by_one_before(paths):
+def one_by_one(paths):
     for p in paths:
         sync(p, True)
     dirs = set()
@@ -78,29 +70,15 @@ def one_by_one_before(paths):
     for d in sorted(dirs):
         sync(d, False)
 
-def one_by_one(paths):
-    for p in paths:
-        sync(p, True)
-    sync(tmp, False)
-    for p in paths:
-        os.rename(p, place(p))
-
-def volume_before(paths):
-    fd = os.open(root, os.O_RDONLY)
-    try:
-        syncfs(fd)
-        for p in paths:
-            os.rename(p, place(p))
-        syncfs(fd)
-    finally:
-        os.close(fd)
-
 def volume(paths):
     fd = os.open(root, os.O_RDONLY)
     try:
-        syncfs(fd)
+        if libc.syncfs(fd) != 0:
+            raise OSError(ctypes.get_errno(), "syncfs")
         for p in paths:
             os.rename(p, place(p))
+        if libc.syncfs(fd) != 0:
+            raise OSError(ctypes.get_errno(), "syncfs")
     finally:
         os.close(fd)
 
@@ -111,16 +89,13 @@ def timed(how, n):
     return (time.perf_counter() - t) * 1000
 
 print(f"written and not yet on disk, machine-wide: {unwritten_mib():.1f} MiB (the coordinator takes syncfs for small batches under 8)")
-print(f"milliseconds, median of {rounds} rounds, {size}-byte blobs, {root}")
-print(f"{'':>5}  {'one by one':^24}  {'syncfs':^24}")
-print(f"{'blobs':>5}  {'before':>7} {'now':>7} {'ratio':>7}  {'before':>7} {'now':>7} {'ratio':>7}")
-ways = (one_by_one_before, one_by_one, volume_before, volume)
+print(f"{'blobs':>5}  {'one by one ms':>13}  {'syncfs ms':>9}  ratio   ({rounds} rounds, {size}-byte blobs, {root})")
 for n in (1, 2, 3, 8, 32, 80):
     timed(one_by_one, n)  # warm the shards
-    times = [[] for _ in ways]
+    a, b = [], []
     for _ in range(rounds):
-        for how, t in zip(ways, times):
-            t.append(timed(how, n))
-    ob, on, vb, vn = (statistics.median(t) for t in times)
-    print(f"{n:>5}  {ob:>7.2f} {on:>7.2f} {on / ob:>7.2f}  {vb:>7.2f} {vn:>7.2f} {vn / vb:>7.2f}")
+        a.append(timed(one_by_one, n))
+        b.append(timed(volume, n))
+    ma, mb = statistics.median(a), statistics.median(b)
+    print(f"{n:>5}  {ma:>13.2f}  {mb:>9.2f}  {mb / ma:5.2f}")
 PY

@@ -15,7 +15,7 @@
 //! nothing behind: both say [`Error::NoSpace`], naming the volume.
 //! [`MemoryBlobStore`] is the in-memory twin for unit tests.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -135,18 +135,6 @@ pub fn blob_path(root: &Path, digest: &Digest) -> PathBuf {
 }
 
 /// Blobs as files under `root/ab/cdef...`.
-///
-/// An upload is written under `tmp/`, in a file whose name starts with the
-/// digest it claims, and waits there for [`BlobStore::make_durable`]. That
-/// syncs the waiting files' bytes and their names under `tmp/` (one
-/// `syncfs`, or an `fdatasync` a file and one `fsync` of `tmp/`), and only
-/// then moves each into place, with no sync of the shard directories: a
-/// crash after the sync leaves each blob under its `tmp/` name or in place,
-/// both on disk, and [`FsBlobStore::open`] takes back every `tmp/` file
-/// whose bytes hash to the digest its name starts with (it waits for the
-/// next sync again, as its bytes may have been in memory only when the
-/// coordinator stopped). A batch thus costs one volume flush, where moving
-/// first and syncing the shard directories after took two.
 #[derive(Debug)]
 pub struct FsBlobStore {
     root: PathBuf,
@@ -160,8 +148,12 @@ pub struct FsBlobStore {
     waiting: Arc<Mutex<HashMap<Digest, tempfile::TempPath>>>,
     /// Held for a whole [`BlobStore::make_durable`]: two callers (the
     /// results' sync and the group commit) never interleave, so one that
-    /// finds a blob no longer waiting knows it is on disk.
+    /// finds a blob no longer waiting knows its name is on disk too.
     syncing: Mutex<()>,
+    /// Blobs moved into place whose directory is not yet synced (taken
+    /// after `waiting` when both are held): with `waiting`, what
+    /// [`BlobStore::make_named_durable`] must not take for durable.
+    unsettled: Mutex<HashSet<Digest>>,
     /// Below this many bytes not yet written back, machine-wide, a batch of
     /// any size takes `syncfs` (see [`QUIET_BELOW`]).
     quiet_below: u64,
@@ -179,11 +171,8 @@ pub struct FsBlobStore {
 }
 
 impl FsBlobStore {
-    /// Opens (creating) the store at `root`. A temporary file an earlier
-    /// run left whose bytes hash to the digest its name starts with is a
-    /// whole blob, which may be one a batch made durable and did not move
-    /// into place before a crash: it waits for the next sync again. Every
-    /// other one (an upload cut short) is removed.
+    /// Opens (creating) the store at `root`. Left-over temporary files of an
+    /// earlier crash are removed.
     pub fn open(root: &Path, max_blob: u64) -> Result<Self, Error> {
         let backend = Backend::BlobDir {
             dir: root.to_path_buf(),
@@ -192,40 +181,19 @@ impl FsBlobStore {
         let tmp = root.join("tmp");
         std::fs::create_dir_all(&tmp)
             .map_err(|e| Error::io(format!("cannot create {}", tmp.display()), e).on(&backend))?;
-        let mut waiting = HashMap::new();
         if let Ok(entries) = std::fs::read_dir(&tmp) {
             for entry in entries.flatten() {
-                let path = entry.path();
-                let whole = whole_blob(&path)
-                    .filter(|digest| !waiting.contains_key(digest))
-                    .and_then(|digest| {
-                        let kept = tempfile::TempPath::try_from_path(&path).ok()?;
-                        Some((digest, kept))
-                    });
-                match whole {
-                    Some((digest, kept)) => {
-                        waiting.insert(digest, kept);
-                    }
-                    None => {
-                        let _ = std::fs::remove_file(path);
-                    }
-                }
+                let _ = std::fs::remove_file(entry.path());
             }
-        }
-        if !waiting.is_empty() {
-            tracing::info!(
-                "{} whole blobs found under {}, left by an earlier run: kept, to be synced and moved into place",
-                waiting.len(),
-                tmp.display()
-            );
         }
         Ok(Self {
             root: root.to_path_buf(),
             max_blob,
             volume: Volume::new(root, "--blobs"),
             backend,
-            waiting: Arc::new(Mutex::new(waiting)),
+            waiting: Arc::default(),
             syncing: Mutex::default(),
+            unsettled: Mutex::default(),
             quiet_below: QUIET_BELOW,
             volume_fd: syncfs_reports_errors()
                 .then(|| std::fs::File::open(root).ok())
@@ -264,6 +232,10 @@ impl FsBlobStore {
 
     fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<Digest, tempfile::TempPath>> {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn unsettled(&self) -> std::sync::MutexGuard<'_, HashSet<Digest>> {
+        self.unsettled.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Opens a blob wherever it is: waiting under `tmp/` or in place. The
@@ -358,17 +330,6 @@ fn linux_reports_syncfs_errors(release: &str) -> bool {
     let major = numbers.next().unwrap_or(0);
     let minor = numbers.next().unwrap_or(0);
     (major, minor) >= (5, 8)
-}
-
-/// The digest of the blob in `path`, a file under `tmp/`, when its name
-/// starts with a digest (`HEX.`, as the store names its uploads) and its
-/// bytes hash to it; `None` for an upload cut short or any other file.
-fn whole_blob(path: &Path) -> Option<Digest> {
-    let name = path.file_name()?.to_str()?;
-    let claimed: Digest = name.split_once('.')?.0.parse().ok()?;
-    let mut hasher = blake3::Hasher::new();
-    hasher.update_reader(std::fs::File::open(path).ok()?).ok()?;
-    (Digest::from_hasher(&hasher) == claimed).then_some(claimed)
 }
 
 /// Bytes written on this machine and not yet on disk: `Dirty` plus
@@ -538,7 +499,10 @@ impl BlobStore for FsBlobStore {
     fn make_named_durable(&self, named: &[Digest]) -> Result<(), Error> {
         let settled = {
             let waiting = self.waiting();
-            !named.iter().any(|d| waiting.contains_key(d))
+            let unsettled = self.unsettled();
+            !named
+                .iter()
+                .any(|d| waiting.contains_key(d) || unsettled.contains(d))
         };
         if settled {
             return Ok(());
@@ -553,16 +517,16 @@ impl BlobStore for FsBlobStore {
             .iter()
             .map(|(d, t)| (*d, t.to_path_buf()))
             .collect();
-        if batch.is_empty() {
+        // Names an earlier call moved into place but failed to sync.
+        let left: Vec<Digest> = self.unsettled().iter().copied().collect();
+        if batch.is_empty() && left.is_empty() {
             return Ok(());
         }
         let failed = |what: &str, e| self.volume.write_error(what.into(), e).on(&self.backend);
         let whole_volume = self.volume_fd.as_ref().filter(|_| {
             batch.len() > SYNCFS_FROM || unwritten_bytes().is_some_and(|b| b < self.quiet_below)
         });
-        // The bytes and their names under `tmp/`, which start with their
-        // digests: from here on a crash leaves each blob whole on disk,
-        // for `open` to take back.
+        // The bytes first, under their temporary names.
         if let Some(dir) = whole_volume {
             Self::sync_volume(dir).map_err(|e| failed("cannot sync new blobs to disk", e))?;
         } else {
@@ -573,32 +537,63 @@ impl BlobStore for FsBlobStore {
                     r => r.map_err(|e| failed("cannot sync a new blob to disk", e))?,
                 }
             }
-            Self::sync_path(&self.root.join("tmp"), false)
-                .map_err(|e| failed("cannot sync new blobs' names to disk", e))?;
         }
-        // Then each is moved into place (under the lock, so that a reader
-        // sees it in one place or the other), needing no directory sync: a
-        // rename is whole after a crash, so the blob is under one name or
-        // the other.
-        let mut waiting = self.waiting();
-        for (digest, _) in &batch {
-            // Collected meanwhile: nothing to move.
-            let Some(tmp) = waiting.remove(digest) else {
-                continue;
-            };
-            let path = self.path(digest);
-            let parent = path.parent().expect("blob path has a parent");
-            if !parent.is_dir() {
-                if let Err(e) = std::fs::create_dir_all(parent) {
-                    waiting.insert(*digest, tmp);
-                    return Err(failed("cannot move a blob into place", e));
+        // Then the names: each moved into place (under the lock, so that a
+        // reader sees it in one place or the other), then its directory.
+        let mut dirs: Vec<PathBuf> = left
+            .iter()
+            .map(|d| {
+                self.path(d)
+                    .parent()
+                    .expect("blob path has a parent")
+                    .to_path_buf()
+            })
+            .collect();
+        if !left.is_empty() {
+            // Their shards may be new too.
+            dirs.push(self.root.clone());
+        }
+        {
+            let mut waiting = self.waiting();
+            let mut unsettled = self.unsettled();
+            for (digest, _) in &batch {
+                // Collected meanwhile: nothing to move.
+                let Some(tmp) = waiting.remove(digest) else {
+                    continue;
+                };
+                let path = self.path(digest);
+                let parent = path.parent().expect("blob path has a parent");
+                if !parent.is_dir() {
+                    if let Err(e) = std::fs::create_dir_all(parent) {
+                        waiting.insert(*digest, tmp);
+                        return Err(failed("cannot move a blob into place", e));
+                    }
+                    // A new shard: its own entry in the root.
+                    dirs.push(self.root.clone());
                 }
-            }
-            if let Err(e) = tmp.persist(&path) {
-                waiting.insert(*digest, e.path);
-                return Err(failed("cannot move a blob into place", e.error));
+                if let Err(e) = tmp.persist(&path) {
+                    waiting.insert(*digest, e.path);
+                    return Err(failed("cannot move a blob into place", e.error));
+                }
+                unsettled.insert(*digest);
+                dirs.push(parent.to_path_buf());
             }
         }
+        dirs.sort();
+        dirs.dedup();
+        if let Some(dir) = whole_volume {
+            Self::sync_volume(dir).map_err(|e| failed("cannot sync new blob names to disk", e))?;
+        } else {
+            // Shards before the root (sorted, the root is first): a new
+            // shard's entries are on disk before its name is.
+            for dir in dirs.iter().rev() {
+                Self::sync_path(dir, false)
+                    .map_err(|e| failed("cannot sync new blob names to disk", e))?;
+            }
+        }
+        // Every name moved into place so far is on disk: only this call
+        // (under `syncing`) adds to the set.
+        self.unsettled().clear();
         Ok(())
     }
 
@@ -615,16 +610,11 @@ impl BlobStore for FsBlobStore {
         } else {
             self.volume.check(size)?;
             Some(
-                // Named by the digest it claims, so that `open` can tell
-                // a whole blob after a crash.
-                tempfile::Builder::new()
-                    .prefix(&format!("{}.", digest.to_hex()))
-                    .tempfile_in(self.root.join("tmp"))
-                    .map_err(|e| {
-                        self.volume
-                            .write_error("cannot create a temporary blob file".into(), e)
-                            .on(&self.backend)
-                    })?,
+                tempfile::NamedTempFile::new_in(self.root.join("tmp")).map_err(|e| {
+                    self.volume
+                        .write_error("cannot create a temporary blob file".into(), e)
+                        .on(&self.backend)
+                })?,
             )
         };
         Ok(Box::new(FsWriter {
@@ -844,14 +834,7 @@ mod tests {
         );
         assert_eq!(waiting_files(&root), 1, "b still waits");
         store.make_named_durable(&[a, b]).unwrap();
-        assert_eq!(
-            syncs(),
-            Syncs {
-                volume: 0,
-                files: 2
-            },
-            "b's bytes, then tmp/ that names it"
-        );
+        assert!(syncs().files >= 2, "b's bytes and its directory");
         assert_eq!(std::fs::read(store.path(&b)).unwrap(), b"frame b");
         assert_eq!(waiting_files(&root), 0);
     }
@@ -880,15 +863,17 @@ mod tests {
         );
         assert_eq!(waiting_files(&root), 2);
 
-        // A small batch: each file's bytes, then tmp/ that names them;
-        // the moves into place need no sync.
+        // A small batch: each file's bytes, then each directory: the new
+        // shards, then the root that names them.
         let reader = store.open_blob(&a).unwrap();
         store.make_durable().unwrap();
+        let shards = [&a, &b].map(|d| store.path(d).parent().unwrap().to_path_buf());
+        let dirs = if shards[0] == shards[1] { 2 } else { 3 };
         assert_eq!(
             syncs(),
             Syncs {
                 volume: 0,
-                files: 3
+                files: 2 + dirs
             }
         );
         assert_eq!(std::fs::read(store.path(&a)).unwrap(), b"frame a");
@@ -900,7 +885,7 @@ mod tests {
         store.make_durable().unwrap();
         assert_eq!(syncs(), Syncs::default(), "nothing waiting, nothing synced");
 
-        // A large batch: one syncfs for the bytes and their names.
+        // A large batch: one syncfs for the bytes, one for the names.
         let many: Vec<Vec<u8>> = (0..=SYNCFS_FROM)
             .map(|i| format!("blob {i}").into_bytes())
             .collect();
@@ -913,7 +898,7 @@ mod tests {
             assert_eq!(
                 synced,
                 Syncs {
-                    volume: 1,
+                    volume: 2,
                     files: 0
                 }
             );
@@ -943,18 +928,18 @@ mod tests {
         store.make_durable().unwrap();
         let expected = if store.volume_fd.is_some() {
             Syncs {
-                volume: 1,
+                volume: 2,
                 files: 0,
             }
         } else {
-            // Where syncfs says nothing of failed writes: its bytes, then
-            // tmp/ that names it.
+            // Where syncfs says nothing of failed writes: its bytes, its
+            // new shard, the root.
             Syncs {
                 volume: 0,
-                files: 2,
+                files: 3,
             }
         };
-        assert_eq!(syncs(), expected, "its bytes and its name at once");
+        assert_eq!(syncs(), expected, "its bytes, then its name");
         assert_eq!(std::fs::read(store.path(&a)).unwrap(), b"frame a");
         assert_eq!(waiting_files(&root), 0);
         store.make_named_durable(&[a]).unwrap();
@@ -984,7 +969,7 @@ mod tests {
     }
 
     #[test]
-    fn after_a_crash_whole_uploads_wait_again_and_cut_ones_are_gone() {
+    fn a_waiting_upload_is_gone_after_a_crash_and_removable_before() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("blobs");
         let store = FsBlobStore::open(&root, 1 << 20).unwrap();
@@ -994,47 +979,13 @@ mod tests {
         store.remove(&b).unwrap();
         assert!(!store.contains(&b));
         assert_eq!(waiting_files(&root), 1, "its temporary file went with it");
-        // A crash: nothing runs on the way out. Beside a's file: one a
-        // batch synced but did not move into place, an upload cut short,
-        // one whose bytes are not what its name says, and a stray file.
+        // A crash: nothing runs on the way out.
         std::mem::forget(store);
-        let synced = Digest::of(b"synced, not moved");
-        let tmp = root.join("tmp");
-        std::fs::write(
-            tmp.join(format!("{}.x1", synced.to_hex())),
-            b"synced, not moved",
-        )
-        .unwrap();
-        let cut = Digest::of(b"a long frame cut short");
-        std::fs::write(tmp.join(format!("{}.x2", cut.to_hex())), b"a long fr").unwrap();
-        let lying = Digest::of(b"what the name says");
-        std::fs::write(tmp.join(format!("{}.x3", lying.to_hex())), b"other bytes").unwrap();
-        std::fs::write(tmp.join("stray"), b"not a blob").unwrap();
-
-        let store = FsBlobStore::open(&root, 1 << 20).unwrap().quiet_below(0);
-        for whole in [a, synced] {
-            assert!(store.contains(&whole), "a whole blob is taken back");
-            assert!(
-                !store.path(&whole).exists(),
-                "and waits for a sync before it is in place"
-            );
-        }
-        assert_eq!(store.read(&synced).unwrap(), b"synced, not moved");
-        for gone in [cut, lying] {
-            assert!(!store.contains(&gone));
-        }
-        assert_eq!(waiting_files(&root), 2, "the rest is removed");
-        syncs();
-        store.make_named_durable(&[synced]).unwrap();
-        assert_eq!(
-            syncs(),
-            Syncs {
-                volume: 0,
-                files: 3
-            },
-            "synced again: their bytes may have been in memory only"
+        let store = FsBlobStore::open(&root, 1 << 20).unwrap();
+        assert!(
+            !store.contains(&a),
+            "a blob no batch made durable is not under its address after a crash"
         );
-        assert_eq!(std::fs::read(store.path(&a)).unwrap(), b"kept");
         assert_eq!(waiting_files(&root), 0);
     }
 
