@@ -182,7 +182,7 @@ impl Browser {
             format!("(() => {{ try {{ return !!({js}); }} catch (e) {{ return false; }} }})()");
         while Instant::now() < deadline {
             match self.try_eval(&guarded) {
-                Ok(v) if v == json!(true) => return true,
+                Ok(Value::Bool(true)) => return true,
                 Ok(_) => {}
                 Err(e) if navigated(&e) => {}
                 Err(e) => panic!("Runtime.evaluate failed: {e}"),
