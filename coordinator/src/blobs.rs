@@ -544,9 +544,10 @@ impl BlobStore for FsBlobStore {
         // unsynced (one flush a batch, not two) would hold only where a
         // rename is whole after a power cut: without a journal (ext4 can run
         // without one) the old entry may reach the disk gone before the new
-        // one arrives, and the blob is under neither name. Tried: `scripts/bench-sync.sh` gave the
-        // durable step 0.53-0.87x, and `tessera-load` slot idle times did
-        // not move beyond the noise, so it is not worth that risk.
+        // one arrives, and the blob is under neither name. Tried:
+        // `scripts/bench-sync.sh` gave the durable step 0.53-0.87x, and
+        // `tessera-load` slot idle times did not move beyond the noise, so
+        // it is not worth that risk.
         let mut dirs: Vec<PathBuf> = left
             .iter()
             .map(|d| {
