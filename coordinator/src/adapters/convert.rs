@@ -246,7 +246,7 @@ impl From<&crate::model::usage::Attempt> for pb::AttemptView {
 }
 
 /// Render statistics of the done tasks among `tasks`, by frame (and tile).
-fn frame_stats(tasks: &[crate::model::task::Task]) -> Vec<pb::FrameStats> {
+fn frame_stats(tasks: &[std::sync::Arc<crate::model::task::Task>]) -> Vec<pb::FrameStats> {
     let mut out: Vec<pb::FrameStats> = tasks
         .iter()
         .filter(|t| t.is_done())

@@ -99,7 +99,7 @@ pub(super) fn carve(
     if take >= task.frames.len() {
         return None;
     }
-    let mut head = task.clone();
+    let mut head = Task::clone(task);
     let rest = Task::new(job.id, list.len() as u32, head.frames.split_off(take));
     Some((head, rest))
 }

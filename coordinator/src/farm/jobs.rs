@@ -181,12 +181,12 @@ impl Farm {
                 .cloned()
                 .ok_or_else(|| Error::NotFound(format!("job {id}")))?;
             let before = &st.tasks[&id];
-            let mut tasks = before.clone();
+            let mut tasks: Vec<Task> = before.iter().map(|t| Task::clone(t)).collect();
             f(&mut job, &mut tasks)?;
             let changed: Vec<Task> = tasks
                 .into_iter()
                 .zip(before)
-                .filter(|(new, old)| new != *old)
+                .filter(|(new, old)| new != &***old)
                 .map(|(new, _)| new)
                 .collect();
             let ticket = self.save(&mut st, job, changed, Vec::new());

@@ -85,7 +85,7 @@ impl Farm {
                 .filter(|&&(j, t)| {
                     matches!(
                         st.tasks.get(&j).and_then(|l| l.get(t as usize)),
-                        Some(Task { state: TaskState::Leased { slot: s, .. }, .. }) if *s == slot
+                        Some(t) if matches!(t.state, TaskState::Leased { slot: s, .. } if s == slot)
                     )
                 })
                 .count()
@@ -147,7 +147,7 @@ impl Farm {
                 job.task_count = rest.index + 1;
                 (head, Some(rest))
             }
-            None => (st.tasks[&job_id][index as usize].clone(), None),
+            None => (Task::clone(&st.tasks[&job_id][index as usize]), None),
         };
         let lease = task.lease(worker, now, self.config.lease_ttl_ms)?;
         if let TaskState::Leased { slot: s, .. } = &mut task.state {
@@ -274,7 +274,7 @@ impl Farm {
             .get(&lease.job)
             .and_then(|t| t.get(lease.task as usize))
             .ok_or_else(|| Error::NotFound(format!("task {}.{}", lease.job, lease.task)))?;
-        Ok((task.clone(), job.clone()))
+        Ok((Task::clone(task), job.clone()))
     }
 
     /// Why `lease` is no longer the current grant of its task, in words
@@ -480,6 +480,9 @@ impl Farm {
         if let Some(w) = task.holder().and_then(|h| workers.get_mut(h)) {
             w.last_seen_ms = now;
         }
+        // In place (a renewal is not stored); a copy only while a view
+        // holds the record.
+        let task = Arc::make_mut(task);
         let held = task.renew(r.lease.grant, r.frames_done, now, ttl).is_ok();
         if held {
             (task.samples_done, task.samples_total) = r.samples;
@@ -560,7 +563,7 @@ impl Farm {
                 if !seen.insert((job, index)) {
                     continue;
                 }
-                let mut t = task.clone();
+                let mut t = Task::clone(task);
                 let holder = task.holder().cloned();
                 if t.expire(now) {
                     Self::ending(

@@ -10,6 +10,7 @@
 //! second frame's worker may be about to name that blob in its result.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use super::state::{frame_tasks, Change};
 use crate::digest::Digest;
@@ -146,7 +147,7 @@ pub(super) fn change_refs(change: &Change<'_>, files: &[Digest]) -> (Vec<Digest>
 }
 
 /// Every reference of `job`, its file set's entries `files`, and its tasks.
-pub fn all_refs(job: &Job, files: &[Digest], tasks: &[Task]) -> Vec<Digest> {
+pub fn all_refs(job: &Job, files: &[Digest], tasks: &[Arc<Task>]) -> Vec<Digest> {
     let mut refs: Vec<Digest> = job_refs(job, files).collect();
     for t in tasks {
         refs.extend(task_refs(t, job));

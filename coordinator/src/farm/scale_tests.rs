@@ -232,9 +232,9 @@ fn untouched_tasks_are_rebuilt_from_their_job_and_stored_ones_laid_over_them() {
     let again = f.reopen();
     for b in [before.0, before.1] {
         let a = again.job(b.job.id).unwrap();
-        let strip = |t: &[Task]| -> Vec<Task> {
+        let strip = |t: &[Arc<Task>]| -> Vec<Task> {
             t.iter()
-                .cloned()
+                .map(|t| Task::clone(t))
                 .map(|mut t| {
                     // A restart gives leases a fresh TTL.
                     if let TaskState::Leased { expires_ms, .. } = &mut t.state {

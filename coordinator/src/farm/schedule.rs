@@ -281,7 +281,7 @@ impl Schedule {
     }
 
     /// Takes job `id` out (archived or deleted), with its `tasks`.
-    pub(super) fn forget(&mut self, job: &Job, tasks: &[Task]) {
+    pub(super) fn forget(&mut self, job: &Job, tasks: &[Arc<Task>]) {
         self.index.remove(&job.id);
         self.runnable.remove(&(Reverse(job.priority), job.id));
         for t in tasks {

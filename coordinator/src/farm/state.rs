@@ -22,7 +22,7 @@ use super::*;
 #[derive(Default)]
 pub(super) struct State {
     pub(super) jobs: BTreeMap<JobId, Job>,
-    pub(super) tasks: BTreeMap<JobId, Vec<Task>>,
+    pub(super) tasks: BTreeMap<JobId, Vec<Arc<Task>>>,
     pub(super) workers: BTreeMap<WorkerId, WorkerRecord>,
     pub(super) next_job: u64,
     pub(super) next_worker: u64,
@@ -185,6 +185,7 @@ impl State {
         let mut replaced = Vec::new();
         for t in changed {
             let i = t.index;
+            let t = Arc::new(t);
             match list.get_mut(i as usize) {
                 Some(slot) if i < before => replaced.push((i, std::mem::replace(slot, t))),
                 // New in this change already: still new.
@@ -223,7 +224,7 @@ impl State {
 
     /// Takes job `id` out of memory entirely (archive or delete): its tasks'
     /// and its own blob references go, unless `keep` lists them again.
-    pub(super) fn remove_job(&mut self, id: JobId, now: u64) -> Option<(Job, Vec<Task>)> {
+    pub(super) fn remove_job(&mut self, id: JobId, now: u64) -> Option<(Job, Vec<Arc<Task>>)> {
         let job = self.jobs.remove(&id)?;
         let tasks = self.tasks.remove(&id).unwrap_or_default();
         self.schedule.forget(&job, &tasks);
@@ -264,10 +265,11 @@ impl State {
 
 /// The tasks of a tiled job's `frame`: tasks are made frame by frame, in
 /// frame order, so they are one run found by binary search.
-pub(super) fn frame_tasks(tasks: &[Task], frame: u32) -> impl Iterator<Item = &Task> {
+pub(super) fn frame_tasks(tasks: &[Arc<Task>], frame: u32) -> impl Iterator<Item = &Task> {
     let start = tasks.partition_point(|t| t.frames[0] < frame);
     tasks[start..]
         .iter()
+        .map(|t| &**t)
         .take_while(move |t| t.frames[0] == frame)
 }
 
@@ -279,10 +281,10 @@ pub(super) struct Change<'a> {
     /// The record it replaces (None when the job is new).
     pub(super) old_job: Option<&'a Job>,
     /// The job's tasks after the change.
-    pub(super) list: &'a [Task],
+    pub(super) list: &'a [Arc<Task>],
     /// The changed tasks that replaced a record: each one's index and the
     /// record it replaced. See [`Change::tasks`].
-    replaced: Vec<(u32, Task)>,
+    replaced: Vec<(u32, Arc<Task>)>,
     /// The new tasks, appended to the list: a new job's million tasks are
     /// a range, not a million entries.
     appended: std::ops::Range<u32>,
@@ -302,8 +304,8 @@ impl<'a> Change<'a> {
     fn new(
         job: &'a Job,
         old_job: Option<&'a Job>,
-        list: &'a [Task],
-        replaced: Vec<(u32, Task)>,
+        list: &'a [Arc<Task>],
+        replaced: Vec<(u32, Arc<Task>)>,
         appended: std::ops::Range<u32>,
     ) -> Self {
         let mut newly_stitched = Vec::new();
@@ -345,7 +347,7 @@ impl<'a> Change<'a> {
     /// The changed tasks: each one's index and the record it replaced
     /// (None when the task is new).
     pub(super) fn tasks(&self) -> impl Iterator<Item = (u32, Option<&Task>)> + '_ {
-        let replaced = self.replaced.iter().map(|(i, old)| (*i, Some(old)));
+        let replaced = self.replaced.iter().map(|(i, old)| (*i, Some(&**old)));
         replaced.chain(self.appended.clone().map(|i| (i, None)))
     }
 

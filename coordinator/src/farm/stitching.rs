@@ -133,7 +133,12 @@ impl Finishing {
     /// Puts the frames of `job` (or only `frames`) whose tiles are all
     /// done, and that are not stitched, in the stitch queue, and takes out
     /// those that are not.
-    fn queue_ready_frames(&mut self, job: &Job, tasks: &[Task], frames: Option<&BTreeSet<u32>>) {
+    fn queue_ready_frames(
+        &mut self,
+        job: &Job,
+        tasks: &[Arc<Task>],
+        frames: Option<&BTreeSet<u32>>,
+    ) {
         if !job.is_tiled() {
             return;
         }
@@ -363,7 +368,7 @@ impl Farm {
             return Ok(());
         }
         let mut job = st.jobs[&id].clone();
-        let mut t = st.tasks[&id][task as usize].clone();
+        let mut t = Task::clone(&st.tasks[&id][task as usize]);
         let reason = format!("tile {task} of frame {frame} is rendered again: {why}");
         tracing::warn!(job = %id, "{reason}");
         let mut changed = Vec::new();
@@ -403,7 +408,7 @@ impl Farm {
         st.tasks[&id]
             .iter()
             .filter(|t| t.index != except && !t.is_done())
-            .cloned()
+            .map(|t| Task::clone(t))
             .map(|mut t| {
                 t.cancel();
                 t

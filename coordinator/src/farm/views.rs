@@ -65,8 +65,10 @@ pub struct FrameTiles {
 pub struct JobSnapshot {
     /// The job.
     pub job: Job,
-    /// The page of its tasks, by index.
-    pub tasks: Vec<Task>,
+    /// The page of its tasks, by index: shared with the farm's records (a
+    /// view of a thousand tasks copies a thousand pointers under the lock;
+    /// a change replaces a record, never edits one a view holds).
+    pub tasks: Vec<Arc<Task>>,
     /// The page of its outputs.
     pub outputs: Vec<FrameOutput>,
     /// Tile completion of the frames whose tasks are in the page.
@@ -87,7 +89,7 @@ pub struct JobSnapshot {
 /// `page`: counts come from the index; only the page is copied.
 pub(super) fn snapshot(
     job: &Job,
-    tasks: &[Task],
+    tasks: &[Arc<Task>],
     index: Option<&schedule::JobIndex>,
     page: Page,
     waiting: Option<String>,

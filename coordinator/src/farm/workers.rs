@@ -101,7 +101,7 @@ impl Farm {
                 .iter()
                 .filter(|t| t.state == TaskState::Queued && t.machine_failed_on.contains(worker))
                 .map(|t| {
-                    let mut t = t.clone();
+                    let mut t = Task::clone(t);
                     t.machine_failed_on.retain(|w| w != worker);
                     t
                 })

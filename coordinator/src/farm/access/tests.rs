@@ -706,7 +706,7 @@ fn a_stale_lease_is_told_the_true_reason_after_a_failover_too() {
     // With no holder on record at all (attempts trimmed), the reason is
     // given instead of "not granted"; ids never granted are still refused.
     for t in b.lock().tasks.get_mut(&c).unwrap() {
-        t.attempts.clear();
+        Arc::make_mut(t).attempts.clear();
     }
     b.lock().access.holders.clear();
     conflict(
