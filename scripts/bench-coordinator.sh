@@ -29,6 +29,10 @@
 #   JITTER=F [0]      spread of the fake renders, a fraction of RENDER_MS (at
 #                     0 the slots that start together stay in step and call
 #                     in waves; 0.2 draws each render from 0.8x to 1.2x)
+#   SERIAL=1          slots report, then wait for their next task between
+#                     renders (`tessera-load run --no-lease-ahead`) instead of
+#                     leasing it while they render, as workers do: idle p99
+#                     then holds the result's whole round trip
 #   ROUNDS=R [1]      runs per design and cell, alternating the designs; the
 #                     table shows each column's median (low-load latencies
 #                     swing by 2x between runs of one binary: take R >= 3)
@@ -63,6 +67,7 @@ if [ "${QUICK:-0}" = 1 ]; then
 else
   WORKERS="${WORKERS:-10 100 1000}"; TASKS="${TASKS:-10000 100000 1000000}"; RECOVERY_TASKS="${RECOVERY_TASKS:-1000000}"
 fi
+SLOT_ARGS=(); [ "${SERIAL:-0}" = 1 ] && SLOT_ARGS=(--no-lease-ahead)
 ROUNDS="${ROUNDS:-1}"; SLOTS="${SLOTS:-8}"; RENDER_MS="${RENDER_MS:-1200}"; JITTER="${JITTER:-0}"; WARMUP="${WARMUP:-5}"; WINDOW="${WINDOW:-15}"
 SUBMIT_TIMEOUT="${SUBMIT_TIMEOUT:-120}"; SETUP_TIMEOUT="${SETUP_TIMEOUT:-120}"; RECOVERY_TIMEOUT="${RECOVERY_TIMEOUT:-120}"
 OUT="${OUT:-target/bench-coordinator/$(date +%Y%m%d-%H%M%S)}"
@@ -157,7 +162,7 @@ measure() { # DESIGN CAP JSONL FALLBACK_FIELDS ARGS...
 
 : >"$OUT/new.jsonl"; : >"$OUT/baseline.jsonl"
 cap=$(( SUBMIT_TIMEOUT + SETUP_TIMEOUT + ${WARMUP%.*} + ${WINDOW%.*} + 60 ))
-echo "== sweep: W in {$WORKERS} x N in {$TASKS}, $SLOTS slots, ${RENDER_MS} ms renders (jitter $JITTER), ${WARMUP} s warm-up, ${WINDOW} s window, $ROUNDS round(s)" >&2
+echo "== sweep: W in {$WORKERS} x N in {$TASKS}, $SLOTS slots$([ "${SERIAL:-0}" = 1 ] && echo " (serial)"), ${RENDER_MS} ms renders (jitter $JITTER), ${WARMUP} s warm-up, ${WINDOW} s window, $ROUNDS round(s)" >&2
 for n in $TASKS; do
   for w in $WORKERS; do
     # The two designs back to back, so a busy moment of the machine falls on both.
@@ -165,7 +170,8 @@ for n in $TASKS; do
       bin="$new_bin"; [ "$design" = baseline ] && bin="$base_bin"
       measure "$design" "$cap" "$OUT/$design.jsonl" "\"workers\":$w,\"slots\":$SLOTS,\"tasks\":$n" \
         run --tessera "$bin" -w "$w" -s "$SLOTS" -n "$n" --render-ms "$RENDER_MS" --render-jitter "$JITTER" \
-        --warmup "$WARMUP" --window "$WINDOW" --submit-timeout "$SUBMIT_TIMEOUT" --setup-timeout "$SETUP_TIMEOUT"
+        --warmup "$WARMUP" --window "$WINDOW" --submit-timeout "$SUBMIT_TIMEOUT" --setup-timeout "$SETUP_TIMEOUT" \
+        ${SLOT_ARGS[@]+"${SLOT_ARGS[@]}"}
     done; done
   done
 done

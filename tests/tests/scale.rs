@@ -62,6 +62,7 @@ fn survives_a_sigkill_mid_burst(uploaded: bool) {
             scene: digest,
             result_bytes: 64,
             put_blob: uploaded,
+            lease_ahead: true,
         };
         (
             job,

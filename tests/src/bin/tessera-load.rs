@@ -126,6 +126,11 @@ struct RunArgs {
     /// coordinator accepts small results inside Complete (the default then).
     #[arg(long)]
     no_inline: bool,
+    /// Slots report a result, then wait for the next task before they
+    /// render again, instead of leasing the next task while they render
+    /// (as workers do): every round trip then falls between two renders.
+    #[arg(long)]
+    no_lease_ahead: bool,
 }
 
 #[derive(Args, Debug)]
@@ -204,6 +209,7 @@ async fn run_cmd(a: RunArgs) -> Result<(), LoadError> {
         submit_timeout: secs(a.coord.submit_timeout, "--submit-timeout")?,
         setup_timeout: secs(a.setup_timeout, "--setup-timeout")?,
         put_blob: a.no_inline,
+        lease_ahead: !a.no_lease_ahead,
         ..RunConfig::default()
     };
     // Started here, or already running.

@@ -7,6 +7,14 @@
 //! The Complete asks for the slot's next lease too, as a real worker's
 //! does (`CompleteRequest.next`); the slot leases with a Lease call only
 //! when that brought no task, or the coordinator predates the field.
+//! With `FleetConfig::lease_ahead` (the default of `tessera-load`) a slot
+//! works as a worker's slot does (see the worker's `agent::ahead`): once a
+//! render starts, it asks for the task after it (`LeaseRequest.ahead`),
+//! with the previous task's Complete when that result is still to be
+//! reported, so the next render starts as its render ends and the report
+//! travels during that render. Without it, a slot reports, then waits for
+//! the answer's task before it renders again: every round trip falls
+//! between two renders.
 //! Like a real worker, each fake worker renews all its leases in one Renew
 //! call every `progress_every` (see [`FakeWorker::renew_leases`]); with a
 //! coordinator that predates Renew, each slot sends Progress for its own
@@ -47,6 +55,9 @@ pub struct FleetConfig {
     /// Upload every result with PutBlob, even where the coordinator
     /// accepts it inline in Complete (to measure both ways).
     pub put_blob: bool,
+    /// Lease the next task while rendering, as workers do (see the module
+    /// doc); false: report, then wait for the next task between renders.
+    pub lease_ahead: bool,
 }
 
 /// A Complete the coordinator acknowledged.
@@ -75,8 +86,10 @@ pub struct Recorder {
     /// Leases granted in a Complete's answer, not by a Lease call.
     pub carried_leases: AtomicU64,
     /// A slot's idle time between two renders: from the end of one to the
-    /// next task in hand (its result reported and the next lease granted,
-    /// however that was asked for; the same work in every design).
+    /// next task in hand. Leasing ahead, that task was asked for when the
+    /// render started, so this is what a render waits for a round trip
+    /// that did not end within it; without, it holds the result's report
+    /// and the next lease's grant (the same work in every design).
     pub idle: Timings,
     /// Acknowledged Complete calls.
     pub complete: Timings,
@@ -237,6 +250,44 @@ impl FakeWorker {
         }
     }
 
+    /// The slot's request for the task after the one it renders: answered
+    /// at once (granted only when no idle slot waits for a task).
+    fn ahead_request(&self, slot: u32, scene: &str) -> pb::LeaseRequest {
+        pb::LeaseRequest {
+            ahead: true,
+            ..self.lease_request(slot, scene, Duration::ZERO)
+        }
+    }
+
+    /// A Lease call for the task after the one `slot` renders (no earlier
+    /// result to carry the ask); the task when one was granted.
+    async fn lease_ahead(
+        &self,
+        slot: u32,
+        cfg: &FleetConfig,
+        rec: &Recorder,
+    ) -> Option<pb::TaskAssignment> {
+        let start = Instant::now();
+        match self
+            .work
+            .clone()
+            .lease(self.ahead_request(slot, &cfg.scene))
+            .await
+        {
+            Ok(r) => {
+                let task = r.into_inner().task;
+                if task.is_some() {
+                    rec.lease.record(start);
+                }
+                task
+            }
+            Err(s) => {
+                rec.error("lease ahead", &s);
+                None
+            }
+        }
+    }
+
     /// Runs slot `slot` until the task running it is aborted.
     pub async fn run_slot(self, slot: u32, cfg: Arc<FleetConfig>, rec: Arc<Recorder>) {
         let mut backoff = Duration::from_millis(50);
@@ -244,7 +295,18 @@ impl FakeWorker {
         // The task the last Complete brought, and when the last render ended.
         let mut next: Option<pb::TaskAssignment> = None;
         let mut ended: Option<Instant> = None;
+        // Leasing ahead: the task rendered last, its result still to be
+        // reported, and when its render ended.
+        let mut unreported: Option<(pb::TaskAssignment, Instant)> = None;
         loop {
+            if next.is_none() {
+                if let Some((done, at)) = unreported.take() {
+                    // No task in hand to render meanwhile: reported now,
+                    // asking for the next task with it.
+                    let ask = self.lease_request(slot, &cfg.scene, Duration::ZERO);
+                    next = self.report(done, at, ask, &cfg, &rec).await;
+                }
+            }
             let task = match next.take() {
                 Some(task) => task,
                 None => {
@@ -279,7 +341,31 @@ impl FakeWorker {
                 rec.idle.record(ended);
             }
             let took = draws.render_time(cfg.render, cfg.render_jitter);
-            (ended, next) = self.render(task, slot, took, &cfg, &rec).await;
+            if !cfg.lease_ahead {
+                (ended, next) = self.render(task, slot, took, &cfg, &rec).await;
+                continue;
+            }
+            // While this task renders: the last result's report, asking
+            // for the task after this one with it, or a Lease call for it.
+            let ask = async {
+                match unreported.take() {
+                    Some((done, at)) => {
+                        let ask = self.ahead_request(slot, &cfg.scene);
+                        self.report(done, at, ask, &cfg, &rec).await
+                    }
+                    None => self.lease_ahead(slot, &cfg, &rec).await,
+                }
+            };
+            let (rendered, asked) = tokio::join!(self.hold(&task, took, &cfg, &rec), ask);
+            next = asked;
+            if rendered {
+                let at = Instant::now();
+                ended = Some(at);
+                unreported = Some((task, at));
+            } else {
+                rec.lost.fetch_add(1, Ordering::Relaxed);
+                ended = None;
+            }
         }
     }
 
@@ -372,25 +458,53 @@ impl FakeWorker {
         cfg: &FleetConfig,
         rec: &Recorder,
     ) -> (Option<Instant>, Option<pb::TaskAssignment>) {
-        let mut work = self.work.clone();
-        let done_at = tokio::time::Instant::now() + took;
-        let rendered = if self.renews {
-            self.held_until(&task, done_at).await
-        } else {
-            self.progress_until(&task, done_at, cfg, rec).await
-        };
-        if !rendered {
+        if !self.hold(&task, took, cfg, rec).await {
             rec.lost.fetch_add(1, Ordering::Relaxed);
             return (None, None);
         }
         let rendered = Instant::now();
+        let ask = self.lease_request(slot, &cfg.scene, Duration::ZERO);
+        (
+            Some(rendered),
+            self.report(task, rendered, ask, cfg, rec).await,
+        )
+    }
+
+    /// "Renders" `task` for `took`, its lease renewed meanwhile; false when
+    /// the lease was lost (not counted here).
+    async fn hold(
+        &self,
+        task: &pb::TaskAssignment,
+        took: Duration,
+        cfg: &FleetConfig,
+        rec: &Recorder,
+    ) -> bool {
+        let done_at = tokio::time::Instant::now() + took;
+        if self.renews {
+            self.held_until(task, done_at).await
+        } else {
+            self.progress_until(task, done_at, cfg, rec).await
+        }
+    }
+
+    /// Reports the result of `task`, whose render ended at `rendered`,
+    /// asking for a task with `ask`; the task when the answer brought one.
+    async fn report(
+        &self,
+        task: pb::TaskAssignment,
+        rendered: Instant,
+        ask: pb::LeaseRequest,
+        cfg: &FleetConfig,
+        rec: &Recorder,
+    ) -> Option<pb::TaskAssignment> {
+        let mut work = self.work.clone();
         let mut outputs = Vec::new();
         for &frame in &task.frames {
             match self.upload_result(&task, frame, cfg, rec).await {
                 Ok(o) => outputs.push(o),
                 Err(s) => {
                     rec.error("put blob", &s);
-                    return (None, None);
+                    return None;
                 }
             }
         }
@@ -401,7 +515,7 @@ impl FakeWorker {
             .complete(pb::CompleteRequest {
                 lease_id: task.lease_id.clone(),
                 outputs,
-                next: Some(self.lease_request(slot, &cfg.scene, Duration::ZERO)),
+                next: Some(ask),
                 ..Default::default()
             })
             .await;
@@ -421,15 +535,15 @@ impl FakeWorker {
                 if next.is_some() {
                     rec.carried_leases.fetch_add(1, Ordering::Relaxed);
                 }
-                (Some(rendered), next)
+                next
             }
             Err(s) if s.code() == Code::FailedPrecondition => {
                 rec.lost.fetch_add(1, Ordering::Relaxed);
-                (Some(rendered), None)
+                None
             }
             Err(s) => {
                 rec.error("complete", &s);
-                (Some(rendered), None)
+                None
             }
         }
     }

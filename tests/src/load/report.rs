@@ -21,6 +21,10 @@ pub struct Report {
     /// Spread of the render times, a fraction of `render_ms`.
     #[serde(default)]
     pub render_jitter: f64,
+    /// Whether slots leased their next task while rendering, as workers do
+    /// (`false`: `--no-lease-ahead`, or a run from before the option).
+    #[serde(default)]
+    pub lease_ahead: bool,
     /// `ok`, `timeout: STEP` or `error: MESSAGE`.
     pub outcome: String,
     /// Seconds the `SubmitJob` of the whole job took.

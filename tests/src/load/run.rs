@@ -65,6 +65,9 @@ pub struct RunConfig {
     /// Upload every result with PutBlob, even where the coordinator
     /// accepts it inline in Complete.
     pub put_blob: bool,
+    /// Slots lease their next task while rendering, as workers do (see
+    /// [`FleetConfig::lease_ahead`]).
+    pub lease_ahead: bool,
 }
 
 impl Default for RunConfig {
@@ -86,6 +89,7 @@ impl Default for RunConfig {
             call_timeout: Duration::from_secs(30),
             result_bytes: 256,
             put_blob: false,
+            lease_ahead: true,
         }
     }
 }
@@ -101,6 +105,7 @@ pub async fn run(target: &Target, pid: Option<u32>, scene: Vec<u8>, cfg: &RunCon
         tasks: cfg.tasks,
         render_ms: cfg.render.as_millis() as u64,
         render_jitter: cfg.render_jitter,
+        lease_ahead: cfg.lease_ahead,
         outcome: "ok".into(),
         ..Default::default()
     };
@@ -172,6 +177,7 @@ async fn measure(
         scene: digest,
         result_bytes: cfg.result_bytes,
         put_blob: cfg.put_blob,
+        lease_ahead: cfg.lease_ahead,
     };
     let fleet = Fleet::start(&target.url, &tokens, fleet_cfg, setup).await?;
     report.register_s = Some(fleet.registered_in.as_secs_f64());
@@ -325,6 +331,7 @@ async fn recover(cfg: &RecoveryConfig, scene: Vec<u8>, r: &mut Recovery) -> Resu
         scene: digest.clone(),
         result_bytes: 256,
         put_blob: false,
+        lease_ahead: true,
     };
     let fleet = Fleet::start(&target.url, &tokens, fleet_cfg, setup).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
