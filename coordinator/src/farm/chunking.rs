@@ -57,20 +57,9 @@ fn frame_ms(st: &State, id: JobId) -> Option<u64> {
 /// The distinct slots other than `slot` of `worker` that hold a lease of
 /// job `id` (a slot leasing ahead holds two).
 pub(super) fn other_slots(st: &State, id: JobId, worker: &WorkerId, slot: u32) -> usize {
-    let Some(index) = st.schedule.job(id) else {
-        return 0;
-    };
-    let tasks = &st.tasks[&id];
-    let slots: HashSet<(&WorkerId, u32)> = index
-        .leased()
-        .iter()
-        .filter_map(|&t| match &tasks.get(t as usize)?.state {
-            TaskState::Leased { worker, slot, .. } => Some((worker, *slot)),
-            _ => None,
-        })
-        .filter(|&(w, s)| !(w == worker && s == slot))
-        .collect();
-    slots.len()
+    st.schedule
+        .job(id)
+        .map_or(0, |index| index.other_slots(worker, slot))
 }
 
 /// For a lease of task `index` of `job` by `slot` of `worker`: when the

@@ -655,6 +655,31 @@ mod tests {
         assert!(tail.unwrap().task.is_none(), "the queue is empty");
     }
 
+    /// The slots on a job come from its index, each once however many of
+    /// its leases it holds (no pass over the job's leases: with thousands
+    /// of slots leasing ahead, that pass made every lease ahead cost a
+    /// millisecond under the lock), and a slot leaves when its last ends.
+    #[tokio::test]
+    async fn a_slot_holding_two_leases_of_a_job_counts_once() {
+        let f = fixture();
+        let (a, b) = (worker(&f.farm, "a"), worker(&f.farm, "b"));
+        let none = HashSet::new();
+        let job = f.farm.submit(sub(f.scene, "1-6", 1)).unwrap();
+        let others = |w: &WorkerId| chunking::other_slots(&f.farm.lock(), job, w, 0);
+        let first = f.farm.try_lease(&a, &none).unwrap().unwrap();
+        let ahead = f.farm.lease_ahead(&a, &none, Some(job), 0).await;
+        let ahead = ahead.unwrap().task.expect("a task ahead");
+        assert_eq!(others(&b), 1, "a's slot holds two leases and counts once");
+        assert_eq!(others(&a), 0);
+        f.farm.try_lease(&b, &none).unwrap().unwrap();
+        assert_eq!(others(&a), 1);
+        assert_eq!(others(&b), 1);
+        f.farm.complete(first.lease, vec![output(&f, 1)]).unwrap();
+        assert_eq!(others(&b), 1, "a's slot still holds its task ahead");
+        f.farm.complete(ahead.lease, vec![output(&f, 2)]).unwrap();
+        assert_eq!(others(&b), 0, "a's slot holds nothing of the job now");
+    }
+
     /// The tail of a job: with one ready task and another slot rendering
     /// the job, nothing goes ahead.
     #[tokio::test]

@@ -44,6 +44,10 @@ pub(super) struct JobIndex {
     ready_frames: usize,
     /// Leased tasks, by index.
     leased: BTreeSet<u32>,
+    /// The slots holding its leases, with how many each holds (one it
+    /// reports, one it renders, one ahead): a lease asked ahead counts the
+    /// other slots on the job without a pass over its leases.
+    slots: HashMap<(WorkerId, u32), u32>,
     /// Tasks by state.
     counts: TaskCounts,
     /// Slot-time and cost of every ended attempt of its tasks.
@@ -70,6 +74,13 @@ impl JobIndex {
     /// Leased tasks, by index.
     pub(super) fn leased(&self) -> &BTreeSet<u32> {
         &self.leased
+    }
+
+    /// The slots holding a lease of the job, `slot` of `worker` left out.
+    pub(super) fn other_slots(&self, worker: &WorkerId, slot: u32) -> usize {
+        // The lookup's key is built only when the worker's id may be there.
+        let own = !self.slots.is_empty() && self.slots.contains_key(&(worker.clone(), slot));
+        self.slots.len() - usize::from(own)
     }
 
     /// Tasks by state.
@@ -106,15 +117,21 @@ impl JobIndex {
                     self.ready_frames -= t.frames.len();
                 }
             }
-            TaskState::Leased { worker, .. } => {
+            TaskState::Leased { worker, slot, .. } => {
                 step(&mut c.leased, 1);
                 let mine = held.entry(worker.clone()).or_default();
+                let on_slot = self.slots.entry((worker.clone(), *slot)).or_default();
                 if add {
                     self.leased.insert(t.index);
                     mine.insert((t.job, t.index));
+                    *on_slot += 1;
                 } else {
                     self.leased.remove(&t.index);
                     mine.remove(&(t.job, t.index));
+                    *on_slot = on_slot.saturating_sub(1);
+                    if *on_slot == 0 {
+                        self.slots.remove(&(worker.clone(), *slot));
+                    }
                 }
             }
             TaskState::Done { outputs } => {

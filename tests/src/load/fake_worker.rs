@@ -356,10 +356,12 @@ impl FakeWorker {
                     None => self.lease_ahead(slot, &cfg, &rec).await,
                 }
             };
-            let (rendered, asked) = tokio::join!(self.hold(&task, took, &cfg, &rec), ask);
+            // The render's end is taken when it ends, not when the ask is
+            // answered: a late answer is the slot's idle time.
+            let render = async { (self.hold(&task, took, &cfg, &rec).await, Instant::now()) };
+            let ((rendered, at), asked) = tokio::join!(render, ask);
             next = asked;
             if rendered {
-                let at = Instant::now();
                 ended = Some(at);
                 unreported = Some((task, at));
             } else {
