@@ -165,8 +165,8 @@ pub struct FakeWorker {
     pub inline_max: u64,
     work: pb::work_client::WorkClient<Conn>,
     blobs: pb::blobs_client::BlobsClient<Conn>,
-    /// The leases its slots render now, each with what wakes its slot when
-    /// a renewal says the lease is lost.
+    /// The leases its slots render now or hold ahead, each with what wakes
+    /// its slot when a renewal says the lease is lost.
     held: Arc<Mutex<HashMap<String, Arc<tokio::sync::Notify>>>>,
     /// Whether the coordinator serves Renew; a coordinator that predates it
     /// gets one Progress call per lease a second from each slot, as the
@@ -361,6 +361,11 @@ impl FakeWorker {
             let render = async { (self.hold(&task, took, &cfg, &rec).await, Instant::now()) };
             let ((rendered, at), asked) = tokio::join!(render, ask);
             next = asked;
+            // Renewed until its render starts, as a worker renews a task it
+            // holds ahead.
+            if let Some(t) = &next {
+                self.hold_lease(t);
+            }
             if rendered {
                 ended = Some(at);
                 unreported = Some((task, at));
@@ -411,15 +416,27 @@ impl FakeWorker {
     /// Holds the task's lease among those [`FakeWorker::renew_leases`]
     /// renews until `done_at`; false when a renewal said it was lost.
     async fn held_until(&self, task: &pb::TaskAssignment, done_at: tokio::time::Instant) -> bool {
-        let lost = Arc::new(tokio::sync::Notify::new());
+        // A task leased ahead is held (and renewed) already: a loss told
+        // while it waited ends its render at once.
+        let lost = self.hold_lease(task);
         let held = || self.held.lock().unwrap_or_else(|e| e.into_inner());
-        held().insert(task.lease_id.clone(), lost.clone());
         let rendered = tokio::select! {
             _ = tokio::time::sleep_until(done_at) => true,
             _ = lost.notified() => false,
         };
         held().remove(&task.lease_id);
         rendered
+    }
+
+    /// Puts `task`'s lease among those the worker renews (see
+    /// [`FakeWorker::renew_leases`]); what wakes its slot when it is lost.
+    fn hold_lease(&self, task: &pb::TaskAssignment) -> Arc<tokio::sync::Notify> {
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(task.lease_id.clone())
+            .or_default()
+            .clone()
     }
 
     /// The slot's own Progress call every `progress_every` until
