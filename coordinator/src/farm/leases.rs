@@ -79,7 +79,14 @@ impl Farm {
         let (Some(job), Some(index)) = (st.jobs.get(&id), st.schedule.job(id)) else {
             return false;
         };
-        let idle = st.schedule.waiting(job, &st.workers);
+        // The cheap counts first: at a job's tail, with thousands of slots
+        // parked, counting the idle ones for every ask would cost a pass
+        // over them each.
+        let ready = index.ready_units(job);
+        let others = chunking::other_slots(st, id, worker, slot);
+        if ready <= others {
+            return false;
+        }
         let mine = st.schedule.held_by(worker).map_or(0, |held| {
             held.iter()
                 .filter(|&&(j, t)| {
@@ -93,8 +100,9 @@ impl Farm {
         if mine > 2 {
             return false;
         }
-        let others = chunking::other_slots(st, id, worker, slot);
-        index.ready_units(job) > idle + others
+        // Idle slots come first: counted only up to what there is to spare.
+        let idle = st.schedule.waiting_up_to(job, &st.workers, ready - others);
+        ready > idle + others
     }
 
     /// Leases the best task for a slot under the lock (`ahead`: for a slot

@@ -341,9 +341,20 @@ impl Schedule {
     /// How many parked lease calls (idle slots, woken or not) could render
     /// `job`, by the same test [`Schedule::wake`] wakes them with.
     pub(super) fn waiting(&self, job: &Job, workers: &BTreeMap<WorkerId, WorkerRecord>) -> usize {
+        self.waiting_up_to(job, workers, usize::MAX)
+    }
+
+    /// [`Schedule::waiting`], counted up to `most`.
+    pub(super) fn waiting_up_to(
+        &self,
+        job: &Job,
+        workers: &BTreeMap<WorkerId, WorkerRecord>,
+        most: usize,
+    ) -> usize {
         self.waiters
             .values()
             .filter(|w| w.alive() && fits(job, workers, w))
+            .take(most)
             .count()
     }
 
