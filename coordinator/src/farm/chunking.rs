@@ -82,7 +82,10 @@ pub(super) fn carve(
         return None;
     }
     let ready = st.schedule.job(job.id)?.ready_units(job);
-    let idle = st.schedule.waiting(job, &st.workers);
+    // Counted only up to the ready frames: past them every lease takes one
+    // frame however many more wait, and at the tail of a job thousands of
+    // slots may be parked.
+    let idle = st.schedule.waiting_up_to(job, &st.workers, ready);
     let slots = 1 + idle + other_slots(st, job.id, worker, slot);
     let take = frames_per_lease(frame_ms(st, job.id), ready, slots);
     if take >= task.frames.len() {

@@ -22,7 +22,7 @@ pub(super) struct Waiter {
     /// clone (a call whose client went away drops it).
     pub(super) notify: Arc<Notify>,
     /// Woken for a ready task and about to try again: still idle, so still
-    /// counted by [`Schedule::waiting`], until the call unparks itself.
+    /// counted by [`Schedule::waiting_up_to`], until the call unparks itself.
     pub(super) woken: bool,
 }
 
@@ -78,7 +78,7 @@ impl JobIndex {
 
     /// The slots holding a lease of the job, `slot` of `worker` left out.
     pub(super) fn other_slots(&self, worker: &WorkerId, slot: u32) -> usize {
-        // The lookup's key is built only when the worker's id may be there.
+        // No key (a copy of the worker's id) is built for an empty map.
         let own = !self.slots.is_empty() && self.slots.contains_key(&(worker.clone(), slot));
         self.slots.len() - usize::from(own)
     }
@@ -339,12 +339,9 @@ impl Schedule {
     }
 
     /// How many parked lease calls (idle slots, woken or not) could render
-    /// `job`, by the same test [`Schedule::wake`] wakes them with.
-    pub(super) fn waiting(&self, job: &Job, workers: &BTreeMap<WorkerId, WorkerRecord>) -> usize {
-        self.waiting_up_to(job, workers, usize::MAX)
-    }
-
-    /// [`Schedule::waiting`], counted up to `most`.
+    /// `job`, by the same test [`Schedule::wake`] wakes them with, counted
+    /// up to `most` (the callers need no more, and at a job's tail
+    /// thousands may be parked).
     pub(super) fn waiting_up_to(
         &self,
         job: &Job,
