@@ -478,7 +478,12 @@ impl Farm {
     /// (Kept in memory like every renewal: after a restart, an attempt
     /// counts from its grant.)
     fn renew_locked(st: &mut State, now: u64, ttl: u64, r: &Renewal) -> bool {
-        let State { tasks, workers, .. } = st;
+        let State {
+            tasks,
+            workers,
+            schedule,
+            ..
+        } = st;
         let Some(task) = tasks
             .get_mut(&r.lease.job)
             .and_then(|t| t.get_mut(r.lease.task as usize))
@@ -491,11 +496,16 @@ impl Farm {
         // In place (a renewal is not stored); a copy only while a view
         // holds the record.
         let task = Arc::make_mut(task);
+        let before = schedule::progress(task);
         let held = task.renew(r.lease.grant, r.frames_done, now, ttl).is_ok();
         if held {
             (task.samples_done, task.samples_total) = r.samples;
             if let (true, TaskState::Leased { since_ms, .. }) = (r.waiting, &mut task.state) {
                 *since_ms = now;
+            }
+            // The job's index sums its leased tasks' progress.
+            if let Some(index) = schedule.job_mut(r.lease.job) {
+                index.progressed(before, schedule::progress(task));
             }
         }
         held
@@ -686,6 +696,37 @@ mod tests {
         assert_eq!(others(&b), 1, "a's slot still holds its task ahead");
         f.farm.complete(ahead.lease, vec![output(&f, 2)]).unwrap();
         assert_eq!(others(&b), 0, "a's slot holds nothing of the job now");
+    }
+
+    /// A job's view sums its running tasks' progress from its index, which
+    /// follows renewals (edits in place) and the changes that end leases.
+    #[tokio::test]
+    async fn a_jobs_view_sums_the_progress_its_renewals_report() {
+        let f = fixture();
+        let (a, b) = (worker(&f.farm, "a"), worker(&f.farm, "b"));
+        let none = HashSet::new();
+        let job = f.farm.submit(sub(f.scene, "1-4", 1)).unwrap();
+        let first = f.farm.try_lease(&a, &none).unwrap().unwrap();
+        let second = f.farm.try_lease(&b, &none).unwrap().unwrap();
+        let renew = |lease: &LeaseId, frames_done, samples| {
+            f.farm.renew(&Renewal {
+                lease: lease.clone(),
+                frames_done,
+                samples,
+                waiting: false,
+            })
+        };
+        let running = || {
+            let c = f.farm.job_page(job, Page::SUMMARY).unwrap().counts;
+            (c.running_frames_done, c.samples_done, c.samples_total)
+        };
+        assert!(renew(&first.lease, 0, (3, 8)));
+        assert!(renew(&second.lease, 0, (5, 8)));
+        assert_eq!(running(), (0, 8, 16));
+        assert!(renew(&first.lease, 1, (8, 8)));
+        assert_eq!(running(), (1, 13, 16));
+        f.farm.complete(first.lease, vec![output(&f, 1)]).unwrap();
+        assert_eq!(running(), (0, 5, 8), "only the second task runs");
     }
 
     /// The tail of a job: with one ready task and another slot rendering

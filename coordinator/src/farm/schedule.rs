@@ -34,6 +34,14 @@ impl Waiter {
 }
 
 /// One job's indexes.
+/// A leased task's progress: frames done, samples done, samples in all.
+pub(super) type Progress = (u32, u32, u32);
+
+/// `t`'s progress, as its holder last reported it.
+pub(super) fn progress(t: &Task) -> Progress {
+    (t.frames_done, t.samples_done, t.samples_total)
+}
+
 #[derive(Debug, Default)]
 pub(super) struct JobIndex {
     /// Queued tasks, by first frame, then index: the order they are
@@ -83,9 +91,19 @@ impl JobIndex {
         self.slots.len() - usize::from(own)
     }
 
-    /// Tasks by state.
+    /// Tasks by state, with the progress of the leased ones.
     pub(super) fn counts(&self) -> TaskCounts {
         self.counts
+    }
+
+    /// A leased task's progress moved from `before` to `after` (frames
+    /// done, samples done, samples in all) outside a change: a renewal.
+    pub(super) fn progressed(&mut self, before: Progress, after: Progress) {
+        let c = &mut self.counts;
+        c.running_frames_done = (c.running_frames_done + after.0).saturating_sub(before.0);
+        c.samples_done = (c.samples_done + u64::from(after.1)).saturating_sub(u64::from(before.1));
+        c.samples_total =
+            (c.samples_total + u64::from(after.2)).saturating_sub(u64::from(before.2));
     }
 
     /// Slot-time and cost of every ended attempt of its tasks.
@@ -119,6 +137,17 @@ impl JobIndex {
             }
             TaskState::Leased { worker, slot, .. } => {
                 step(&mut c.leased, 1);
+                // Its progress, so that a view sums no leases.
+                let p = progress(t);
+                if add {
+                    c.running_frames_done += p.0;
+                    c.samples_done += u64::from(p.1);
+                    c.samples_total += u64::from(p.2);
+                } else {
+                    c.running_frames_done = c.running_frames_done.saturating_sub(p.0);
+                    c.samples_done = c.samples_done.saturating_sub(u64::from(p.1));
+                    c.samples_total = c.samples_total.saturating_sub(u64::from(p.2));
+                }
                 let mine = held.entry(worker.clone()).or_default();
                 let on_slot = self.slots.entry((worker.clone(), *slot)).or_default();
                 if add {
@@ -174,6 +203,11 @@ impl Schedule {
     /// The indexes of job `id`.
     pub(super) fn job(&self, id: JobId) -> Option<&JobIndex> {
         self.index.get(&id)
+    }
+
+    /// Job `id`'s index, to follow a renewal's progress.
+    pub(super) fn job_mut(&mut self, id: JobId) -> Option<&mut JobIndex> {
+        self.index.get_mut(&id)
     }
 
     /// The runnable jobs, highest priority first, then by id.

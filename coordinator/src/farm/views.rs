@@ -99,14 +99,27 @@ pub(super) fn snapshot(
         .saturating_add(page.task_limit as usize)
         .min(tasks.len());
     let paged = &tasks[from..to];
+    // The leased tasks' progress is summed by the index as it changes.
     let mut counts = index.map(|i| i.counts()).unwrap_or_default();
+    #[cfg(debug_assertions)]
     if let Some(i) = index {
+        let mut sums = (0, 0, 0);
         for &t in i.leased() {
-            let t = &tasks[t as usize];
-            counts.running_frames_done += t.frames_done;
-            counts.samples_done += u64::from(t.samples_done);
-            counts.samples_total += u64::from(t.samples_total);
+            let p = schedule::progress(&tasks[t as usize]);
+            sums.0 += p.0;
+            sums.1 += u64::from(p.1);
+            sums.2 += u64::from(p.2);
         }
+        let kept = (
+            counts.running_frames_done,
+            counts.samples_done,
+            counts.samples_total,
+        );
+        assert_eq!(
+            kept, sums,
+            "job {}: the index's progress sums drifted",
+            job.id
+        );
     }
     if job.is_tiled() {
         counts.outputs = job.stitched.len() as u32;
