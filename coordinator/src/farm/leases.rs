@@ -708,9 +708,9 @@ mod tests {
         let job = f.farm.submit(sub(f.scene, "1-4", 1)).unwrap();
         let first = f.farm.try_lease(&a, &none).unwrap().unwrap();
         let second = f.farm.try_lease(&b, &none).unwrap().unwrap();
-        let renew = |lease: &LeaseId, frames_done, samples| {
+        let renew = |lease: LeaseId, frames_done, samples| {
             f.farm.renew(&Renewal {
-                lease: lease.clone(),
+                lease,
                 frames_done,
                 samples,
                 waiting: false,
@@ -720,10 +720,10 @@ mod tests {
             let c = f.farm.job_page(job, Page::SUMMARY).unwrap().counts;
             (c.running_frames_done, c.samples_done, c.samples_total)
         };
-        assert!(renew(&first.lease, 0, (3, 8)));
-        assert!(renew(&second.lease, 0, (5, 8)));
+        assert!(renew(first.lease, 0, (3, 8)));
+        assert!(renew(second.lease, 0, (5, 8)));
         assert_eq!(running(), (0, 8, 16));
-        assert!(renew(&first.lease, 1, (8, 8)));
+        assert!(renew(first.lease, 1, (8, 8)));
         assert_eq!(running(), (1, 13, 16));
         f.farm.complete(first.lease, vec![output(&f, 1)]).unwrap();
         assert_eq!(running(), (0, 5, 8), "only the second task runs");
