@@ -97,7 +97,8 @@ impl JobIndex {
     }
 
     /// A leased task's progress moved from `before` to `after` (frames
-    /// done, samples done, samples in all) outside a change: a renewal.
+    /// done, samples done, samples in all): a renewal, or a lease that
+    /// begins (from nothing) or ends (to nothing).
     pub(super) fn progressed(&mut self, before: Progress, after: Progress) {
         let c = &mut self.counts;
         c.running_frames_done = (c.running_frames_done + after.0).saturating_sub(before.0);
@@ -138,15 +139,11 @@ impl JobIndex {
             TaskState::Leased { worker, slot, .. } => {
                 step(&mut c.leased, 1);
                 // Its progress, so that a view sums no leases.
-                let p = progress(t);
+                let (none, p) = ((0, 0, 0), progress(t));
                 if add {
-                    c.running_frames_done += p.0;
-                    c.samples_done += u64::from(p.1);
-                    c.samples_total += u64::from(p.2);
+                    self.progressed(none, p);
                 } else {
-                    c.running_frames_done = c.running_frames_done.saturating_sub(p.0);
-                    c.samples_done = c.samples_done.saturating_sub(u64::from(p.1));
-                    c.samples_total = c.samples_total.saturating_sub(u64::from(p.2));
+                    self.progressed(p, none);
                 }
                 let mine = held.entry(worker.clone()).or_default();
                 let on_slot = self.slots.entry((worker.clone(), *slot)).or_default();
