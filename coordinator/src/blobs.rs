@@ -130,8 +130,12 @@ pub trait BlobStore: Send + Sync + 'static {
 /// Where a [`FsBlobStore`] at `root` keeps `digest` once it is durable, for
 /// a reader in the same process that copies it out (`tessera render`).
 pub fn blob_path(root: &Path, digest: &Digest) -> PathBuf {
-    let hex = digest.to_hex();
-    root.join(&hex[..2]).join(&hex[2..])
+    let hex = digest.hex();
+    let mut path = PathBuf::with_capacity(root.as_os_str().len() + 66);
+    path.push(root);
+    path.push(&hex[..2]);
+    path.push(&hex[2..]);
+    path
 }
 
 /// Blobs as files under `root/ab/cdef...`.
