@@ -56,8 +56,15 @@ def main():
     def at(msg, default=None):
         return first.get(msg, default)
 
-    rows = [
-        ("farm start (coordinator, worker, submit)", t0, at("task started", t0)),
+    # `tessera render` logs its first line before it reads the scene (a
+    # Blender start when the scene or Blender is new to this machine, see
+    # `fileset::trace_cached`), and another once that is done.
+    read = at("scene and Blender runtimes read")
+    rows = []
+    if read is not None:
+        rows.append(("scene read (a Blender start if it is new)", t0, read))
+    rows += [
+        ("farm start (coordinator, worker, submit)", read or t0, at("task started", t0)),
         ("Blender start + scene load (first task)", at("task started", t0), at("task started", t0) + max(load_ms.values(), default=0)),
     ]
     renders = [rendered[l] - started[l] - load_ms.get(l, 0) for l in rendered if l in started]

@@ -28,9 +28,18 @@ pub async fn render(args: RenderArgs) -> Result<()> {
     }
     // The local worker offers every Blender of this machine; the farm picks
     // the one that reads the scene (or the one `--blender 4.5` names).
+    // Logged at both ends, so a log says where a run's first moments went
+    // (`scripts/phases.py`): a scene or Blender not seen before is read by
+    // a Blender start here, before the farm starts.
+    let reading = std::time::Instant::now();
+    tracing::info!("reading the scene and this machine's Blender runtimes");
     let local = crate::runtimes::local(&args.job.reader()).await?;
     let (frames, offered) = tokio::join!(prepare(&args.job), crate::runtimes::offer_local(&local));
     let (frames, mut offered) = (frames?, offered?);
+    tracing::info!(
+        ms = reading.elapsed().as_millis() as u64,
+        "scene and Blender runtimes read"
+    );
     // The user's own machine: --scene-python runs the scene's Python here,
     // as `blender -b -y` would.
     if args.job.scene_python {
