@@ -1044,3 +1044,30 @@ pub fn acknowledged(logs: &[String]) -> std::collections::BTreeMap<String, usize
     }
     n
 }
+
+/// Files under a blob store's `tmp/` (`blobs/tmp`) that are not a second
+/// name of a blob in place: uploads cut off or never made durable. A blob
+/// the store linked into place keeps its name there (`DIGEST.xxxx`, the same
+/// file) until a later sync covers the link, so those do not count.
+pub fn partial_blob_files(blobs: &Path) -> Vec<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(blobs.join("tmp")) else {
+        return Vec::new();
+    };
+    entries
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            let Some((hex, _)) = name.split_once('.').filter(|(h, _)| h.len() == 64) else {
+                return true;
+            };
+            let placed = blobs.join(&hex[..2]).join(&hex[2..]);
+            match (std::fs::metadata(p), std::fs::metadata(&placed)) {
+                (Ok(a), Ok(b)) => (a.dev(), a.ino()) != (b.dev(), b.ino()),
+                // Tidied away meanwhile.
+                (Err(e), _) if e.kind() == std::io::ErrorKind::NotFound => false,
+                _ => true,
+            }
+        })
+        .collect()
+}

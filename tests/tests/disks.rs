@@ -16,8 +16,11 @@ fn assert_blob_store_whole(blobs: &Path) -> usize {
     for dir in std::fs::read_dir(blobs).unwrap().map(|e| e.unwrap()) {
         let name = dir.file_name().to_string_lossy().into_owned();
         if name == "tmp" {
-            let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
-            assert!(left.is_empty(), "partial files in blobs/tmp: {left:?}");
+            let partial = partial_blob_files(blobs);
+            assert!(
+                partial.is_empty(),
+                "partial files in blobs/tmp: {partial:?}"
+            );
             continue;
         }
         for f in std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap()) {

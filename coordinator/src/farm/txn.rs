@@ -223,7 +223,34 @@ impl ResultSync {
         std::thread::Builder::new()
             .name("tessera-blob-sync".into())
             .spawn(move || {
-                while let Ok(first) = rx.recv() {
+                // A tidy-up that failed waits for the next group.
+                let mut tidy_failed = false;
+                loop {
+                    // Idle with links of the last sync not yet covered by
+                    // one: a sync of nothing new covers them and tidies up
+                    // (see `FsBlobStore::linked`); under load the next
+                    // group's sync does it anyway.
+                    // The group commit links blobs too (a scene, a stitched
+                    // frame): an idle thread looks again now and then.
+                    let wait = if blobs.settling() {
+                        SETTLE_AFTER
+                    } else {
+                        SETTLE_AFTER * 10
+                    };
+                    let first = match rx.recv_timeout(wait) {
+                        Ok(r) => r,
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                            if blobs.settling() && !tidy_failed {
+                                if let Err(e) = blobs.make_durable() {
+                                    tracing::warn!("cannot tidy the blob store: {e}");
+                                    tidy_failed = true;
+                                }
+                            }
+                            continue;
+                        }
+                        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                    };
+                    tidy_failed = false;
                     let mut group = vec![first];
                     group.extend(rx.try_iter());
                     let started = std::time::Instant::now();
@@ -269,6 +296,10 @@ impl ResultSync {
         Ok(Ticket(Some(done)))
     }
 }
+
+/// How long the results' sync thread waits idle before it tidies after
+/// its last group (see [`ResultSync`]).
+const SETTLE_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Why a change was not stored: the farm's threads are gone.
 fn shutting_down() -> Error {
@@ -564,7 +595,17 @@ mod tests {
         for c in calls {
             c.await.unwrap().unwrap();
         }
-        assert_eq!(waiting(), 0, "every waiting blob was moved into place");
+        assert!(
+            digests.iter().all(|(d, _)| fs.path(d).is_file()),
+            "every waiting blob was linked into place"
+        );
+        // Idle, the thread syncs the links and lets their names under tmp/ go.
+        let by = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while waiting() > 0 && std::time::Instant::now() < by {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(waiting(), 0, "tmp/ is tidied once the thread is idle");
+        assert!(!blobs.settling());
         let counted = stats.lock().unwrap().clone();
         assert_eq!(counted.result_sync_results, 8, "each result counted once");
         let groups = counted.result_sync_latency.count();
