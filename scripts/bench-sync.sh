@@ -5,6 +5,9 @@
 #   one by one: fdatasync each file, move it into its shard directory
 #               (256 shards, as blobs/ab/cdef...), fsync each directory;
 #   syncfs:     syncfs of the volume, the moves, syncfs again.
+# (The coordinator now takes one flush a batch: the bytes and their names
+# under tmp/, then links into place that the next batch's flush covers;
+# this script measures the two ways it chose between before.)
 # Prints the median of ROUNDS batches per size, each way, and the ratio.
 # The coordinator takes syncfs for batches over 64 blobs, and for smaller
 # ones while the machine has under 8 MiB written and not yet on disk.

@@ -4,10 +4,11 @@
 # against the store commits the coordinator reports (tessera_store_commits_total).
 # Result blobs wait under blobs/tmp until their Complete asks for the
 # results' group sync (one thread, one pass for every Complete waiting), which
-# syncs each new blob's bytes (fdatasync), moves them into place and syncs
-# their directories (fsync), or, for more than 64 blobs or while the machine
+# syncs each new blob's bytes (fdatasync) and their names under blobs/tmp
+# (fsync of the folder, with the shards the call before linked into), then
+# links them into place, or, for more than 64 blobs or while the machine
 # has under 8 MiB left to write back (Dirty + Writeback in /proc/meminfo),
-# takes one syncfs of the blob volume for each step (Linux 5.8 and later,
+# takes one syncfs of the blob volume instead (Linux 5.8 and later,
 # where syncfs reports failed writes); only then is the result's change queued for
 # the group commit, which does the same for any other new blob (a scene, a
 # stitched frame) before it writes the records. Uploads themselves sync nothing.
@@ -50,4 +51,4 @@ grep -v resumed "$dir/strace.log" | grep -E 'fsync|fdatasync|sync_file_range|syn
   | sort | uniq -c | sort -rn
 echo "store commits reported by the coordinator: ${commits:-unknown}"
 echo "(the fd that sled opened is synced by its own 500 ms flusher; the other db fd is the store's fsync after every commit)"
-echo "(blobs/tmp files and blobs directories: synced by the results' group sync, or by a commit, before any record naming them was written)"
+echo "(blobs/tmp files and the folder naming them: synced by the results' group sync, or by a commit, before any record naming them was written; the shard folders they are then linked into: by the next such sync, before those tmp names are removed)"

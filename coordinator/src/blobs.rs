@@ -356,9 +356,10 @@ fn hashes_to(path: &Path, digest: &Digest) -> bool {
 
 /// The most blobs [`BlobStore::make_durable`] syncs one by one; a larger
 /// batch (a file set's thousands of files) takes one `syncfs` of the volume
-/// for their bytes and one for their names, where `syncfs` reports failed
+/// for their bytes and names, where `syncfs` reports failed
 /// writes ([`FsBlobStore::volume_fd`]). One by one, a batch costs a
-/// `fdatasync` per blob and an `fsync` per directory, but never waits for
+/// `fdatasync` per blob and an `fsync` of `tmp/` and of each directory
+/// the last call linked into, but never waits for
 /// other programs' writes to the same disk, as `syncfs` does (measured: a
 /// `syncfs` beside a compiler's fresh output took 0.5 s).
 const SYNCFS_FROM: usize = 64;
@@ -367,6 +368,7 @@ const SYNCFS_FROM: usize = 64;
 /// size takes `syncfs` instead of a sync per blob and per directory: with
 /// so little to write, the volume's flush costs about what the batch's own
 /// bytes do, and each per-file sync is a disk cache flush of its own.
+/// Measured when a batch took two flushes (see [`FsBlobStore::linked`]),
 /// `scripts/bench-sync.sh` on an ext4 virtual disk: 2 blobs 0.69-0.81x the
 /// time one by one, 8 blobs 0.25x, 80 blobs 0.12x; one blob alone costs
 /// two flushes either way (0.62-0.72 ms against 0.52-0.63 ms into an
