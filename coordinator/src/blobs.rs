@@ -88,8 +88,9 @@ pub trait BlobStore: Send + Sync + 'static {
     }
 
     /// Makes every blob committed so far durable: after a crash each one is
-    /// whole under its address (once the store is opened again). The group commit calls it before it writes
-    /// records, so a stored record never names a blob a crash can lose.
+    /// whole under its address (once the store is opened again). The group
+    /// commit calls it before it writes records, so a stored record never
+    /// names a blob a crash can lose.
     /// A store whose writes are durable when they are answered (S3, memory)
     /// has nothing to do.
     fn make_durable(&self) -> Result<(), Error> {
