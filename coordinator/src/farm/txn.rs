@@ -227,11 +227,11 @@ impl ResultSync {
                 let mut tidy_failed = false;
                 loop {
                     // Idle with links of the last sync not yet covered by
-                    // one: a sync of nothing new covers them and tidies up
+                    // one, a sync of nothing new covers them and tidies up
                     // (see `FsBlobStore::linked`); under load the next
-                    // group's sync does it anyway.
-                    // The group commit links blobs too (a scene, a stitched
-                    // frame): an idle thread looks again now and then.
+                    // group's sync does it anyway. The group commit links
+                    // blobs too (a scene, a stitched frame), so an idle
+                    // thread also looks again every half second.
                     let wait = if blobs.settling() {
                         SETTLE_AFTER
                     } else {
