@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The blob store's durable step, both ways, on one disk: what the results'
-# sync (`make_durable` in coordinator/src/blobs.rs) does for a batch of N new
+# sync (`make_durable` in coordinator/src/blobs/fs.rs) does for a batch of N new
 # blobs. Each blob is written under tmp/ and then
 #   one by one: fdatasync each file, move it into its shard directory
 #               (256 shards, as blobs/ab/cdef...), fsync each directory;
