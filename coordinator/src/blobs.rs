@@ -108,7 +108,7 @@ pub trait BlobStore: Send + Sync + 'static {
     }
 
     /// Whether a [`BlobStore::make_durable`] with no new blob still has
-    /// work: tidying after earlier ones (see [`FsBlobStore::linked`]).
+    /// work: tidying after earlier ones (see `FsBlobStore::linked`).
     fn settling(&self) -> bool {
         false
     }
