@@ -202,6 +202,15 @@ const COLUMNS: &[Column] = &[
         decimals: 0,
         get: |r| r.cpu_pct,
     },
+    // The coordinator's CPU time per completion, everything it does in the
+    // window included (leases, renewals, status): what a wave of results
+    // arriving together costs it, result by result.
+    Column {
+        name: "CPU us/compl",
+        width: 14,
+        decimals: 0,
+        get: |r| Some(r.cpu_pct? * 10_000.0 / r.completions_per_s.filter(|c| *c > 0.0)?),
+    },
     Column {
         name: "expired",
         width: 9,
