@@ -264,6 +264,29 @@ def _flush_c_stdio():
         pass
 
 
+# Written on stdout and stderr, after every earlier byte of each, right before
+# the `ready` reply: the worker reads each stream up to it, so the lines Blender
+# printed while loading (warnings, missing files) are in hand when it reads
+# `ready`, without waiting on a guess. Never Blender's own output.
+OUTPUT_MARK = b"\x1btessera-loaded\n"
+
+
+def mark_output_end():
+    """Flush what Python and C hold for stdout and stderr, then write
+    OUTPUT_MARK on each (through the tee, if it runs: it copies the mark too)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    _flush_c_stdio()
+    for fd in (1, 2):
+        try:
+            os.write(fd, OUTPUT_MARK)
+        except OSError:
+            pass
+
+
 # ---------------------------------------------------------------- files outside the job
 
 def _abs(path, library=None):
@@ -759,6 +782,7 @@ def main():
         # Text blocks registered to run on load run only with auto-run on.
         scripts = [t.name for t in bpy.data.texts if t.use_module] if skipped is not None else []
         outside = outside_files(root) + [{"path": p, "missing": False} for p in problems]
+        mark_output_end()
         replier.send({"event": "ready", "pid": os.getpid(), "blender": bpy.app.version_string,
                       "outside": outside, "newer": newer_file(),
                       "scripts_skipped": skipped or None, "scripts": scripts,

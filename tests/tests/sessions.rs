@@ -332,6 +332,19 @@ fn session_py_answers_malformed_commands_with_clear_errors_and_keeps_serving() {
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(status.success(), "{status}:\n{text}");
     assert!(!text.contains("Traceback"), "a traceback:\n{text}");
+    // The end of the load's output marked once on stdout and once on
+    // stderr, after what Blender printed while loading (C's buffered
+    // stdout included), before anything a render printed: the worker reads
+    // up to the marks instead of waiting a fixed time.
+    let mark = "\u{1b}tessera-loaded\n";
+    assert_eq!(text.matches(mark).count(), 2, "two marks:\n{text}");
+    let read = text.find("Read blend").expect("Blender says what it read");
+    let first = text.find(mark).unwrap();
+    assert!(read < first, "the load's output before the marks:\n{text}");
+    assert!(
+        !text[..text.rfind(mark).unwrap()].contains("Fra:1"),
+        "a render's output after the marks:\n{text}"
+    );
 }
 
 /// A spare session (started with no scene) whose first line is not a

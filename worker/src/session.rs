@@ -179,14 +179,46 @@ impl Session {
     }
 
     fn push_line(&mut self, line: String) {
+        self.take_line(line);
+    }
+
+    /// Keeps a line of Blender's output in the tail; true when it ended in
+    /// the session's mark ([`messages::OUTPUT_MARK`]), which is not kept.
+    fn take_line(&mut self, line: String) -> bool {
+        let (line, mark) = match line.strip_suffix(messages::OUTPUT_MARK) {
+            Some("") => return true,
+            // A last line without its newline, the mark after it.
+            Some(rest) => (rest.to_string(), true),
+            None => (line, false),
+        };
         if self.tail.len() == LOG_TAIL_LINES {
             self.tail.pop_front();
         }
         self.tail.push_back(line);
+        mark
     }
 
     fn log_tail(&self) -> String {
         self.tail.iter().cloned().collect::<Vec<_>>().join("\n")
+    }
+
+    /// Moves the lines Blender printed into the tail up to the marks the
+    /// session writes on stdout and on stderr after its last line of each
+    /// ([`messages::OUTPUT_MARK`]), right before it answers `ready`: both
+    /// are in their pipes by the time the answer is read, so this takes
+    /// about a millisecond, where a fixed wait of 50 ms once stood in for
+    /// it. A session that dies meanwhile is read until its pipes close, one
+    /// that writes no mark for [`MARKS_WITHIN`] as far as it got. `marks`:
+    /// those read already, while waiting for the answer.
+    async fn read_to_marks(&mut self, mut marks: usize) {
+        let deadline = tokio::time::Instant::now() + MARKS_WITHIN;
+        while marks < 2 {
+            match tokio::time::timeout_at(deadline, self.lines.recv()).await {
+                Ok(Some(line)) => marks += usize::from(self.take_line(line)),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        self.drain_lines(None);
     }
 
     /// Moves lines printed since the last render into the tail.
@@ -194,7 +226,7 @@ impl Session {
         let mut printed = printed;
         while let Ok(line) = self.lines.try_recv() {
             if let Some(p) = printed.as_deref_mut() {
-                p.note(&line);
+                p.note(line.strip_suffix(messages::OUTPUT_MARK).unwrap_or(&line));
             }
             self.push_line(line);
         }
@@ -429,6 +461,10 @@ fn fresh_passes(
         })
         .collect()
 }
+
+/// The longest a loaded session's output is read for its marks (see
+/// `Session::read_to_marks`); they come within a millisecond or two.
+const MARKS_WITHIN: Duration = Duration::from_secs(1);
 
 /// How long a slot stays without a render before a spare Blender is
 /// started for it: long enough that a task following at once (the next of a
@@ -704,6 +740,8 @@ impl SessionRenderer {
         session.last_used = Instant::now();
         let pid = session.pid;
         let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        // The session's marks after its output (see `read_to_marks`).
+        let mut marks = 0;
         let ready = loop {
             tokio::select! {
                 reply = session.replies.recv() => match reply {
@@ -721,7 +759,9 @@ impl SessionRenderer {
                         return Err(session.crashed(what, &printed.all()));
                     }
                 },
-                line = session.lines.recv() => if let Some(line) = line { session.push_line(line) },
+                line = session.lines.recv() => if let Some(line) = line {
+                    marks += usize::from(session.take_line(line));
+                },
                 changed = stop.changed() => {
                     if changed.is_err() || *stop.borrow() {
                         session.kill("stopped while loading");
@@ -736,9 +776,9 @@ impl SessionRenderer {
                 }
             }
         };
-        // Output printed before the answer may still be in its pipe.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        session.drain_lines(None);
+        // What the load printed, every line of it: the session marks the
+        // end of each stream before it answers.
+        session.read_to_marks(marks).await;
         let mut printed = Printed::default();
         for l in &session.tail {
             printed.note(l);

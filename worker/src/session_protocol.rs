@@ -9,6 +9,13 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+/// The line the session writes on stdout and on stderr after everything it
+/// printed while loading, right before its `ready` reply
+/// (`OUTPUT_MARK` in `blender/session.py`): the worker reads both streams
+/// up to it before it looks at the load's warnings. Not Blender's output:
+/// never kept in a log.
+pub const OUTPUT_MARK: &str = "\u{1b}tessera-loaded";
+
 /// A command to the session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "lowercase", deny_unknown_fields)]
