@@ -185,16 +185,13 @@ impl Session {
     /// Keeps a line of Blender's output in the tail; true when it ended in
     /// the session's mark ([`messages::OUTPUT_MARK`]), which is not kept.
     fn take_line(&mut self, line: String) -> bool {
-        let (line, mark) = match line.strip_suffix(messages::OUTPUT_MARK) {
-            Some("") => return true,
-            // A last line without its newline, the mark after it.
-            Some(rest) => (rest.to_string(), true),
-            None => (line, false),
-        };
-        if self.tail.len() == LOG_TAIL_LINES {
-            self.tail.pop_front();
+        let (line, mark) = without_mark(line);
+        if let Some(line) = line {
+            if self.tail.len() == LOG_TAIL_LINES {
+                self.tail.pop_front();
+            }
+            self.tail.push_back(line);
         }
-        self.tail.push_back(line);
         mark
     }
 
@@ -460,6 +457,17 @@ fn fresh_passes(
             path: path.clone(),
         })
         .collect()
+}
+
+/// A line of Blender's output without the session's mark at its end
+/// ([`messages::OUTPUT_MARK`]; `None` for the mark alone), and whether the
+/// mark was there: it follows a last line printed without its newline.
+fn without_mark(line: String) -> (Option<String>, bool) {
+    match line.strip_suffix(messages::OUTPUT_MARK) {
+        Some("") => (None, true),
+        Some(rest) => (Some(rest.to_string()), true),
+        None => (Some(line), false),
+    }
 }
 
 /// The longest a loaded session's output is read for its marks (see
@@ -1112,6 +1120,24 @@ mod tests {
             Reply::Ready(r) => r,
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn the_sessions_mark_is_told_apart_from_blenders_output() {
+        let mark = messages::OUTPUT_MARK;
+        assert_eq!(without_mark(mark.into()), (None, true));
+        // After a last line printed without its newline.
+        assert_eq!(
+            without_mark(format!("Fra:1 Sample 3/16{mark}")),
+            (Some("Fra:1 Sample 3/16".into()), true)
+        );
+        assert_eq!(
+            without_mark("Read blend: /s.blend".into()),
+            (Some("Read blend: /s.blend".into()), false)
+        );
+        // Only at a line's end: anything else is Blender's.
+        let inside = format!("{mark} and more");
+        assert_eq!(without_mark(inside.clone()), (Some(inside), false));
     }
 
     #[test]
