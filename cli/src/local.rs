@@ -34,12 +34,11 @@ pub async fn render(args: RenderArgs) -> Result<()> {
     let reading = std::time::Instant::now();
     tracing::info!("reading the scene and this machine's Blender runtimes");
     let local = crate::runtimes::local(&args.job.reader()).await?;
-    let (frames, offered) = tokio::join!(prepare(&args.job), crate::runtimes::offer_local(&local));
-    let (frames, mut offered) = (frames?, offered?);
-    tracing::info!(
-        ms = reading.elapsed().as_millis() as u64,
-        "scene and Blender runtimes read"
-    );
+    // This machine's Blenders first (what each can do is remembered after
+    // the first run): the local worker's spare Blenders then start at once,
+    // and boot while the scene is read (a Blender start of its own for a
+    // scene not read before) and while the farm starts.
+    let mut offered = crate::runtimes::offer_local(&local).await?;
     // The user's own machine: --scene-python runs the scene's Python here,
     // as `blender -b -y` would.
     if args.job.scene_python {
@@ -49,6 +48,19 @@ pub async fn render(args: RenderArgs) -> Result<()> {
                 .push(tessera_coordinator::model::hardware::SCENE_PYTHON.to_string());
         }
     }
+    let scratch = tempfile::Builder::new()
+        .prefix("tessera-render-")
+        .tempdir()
+        .context("cannot create a temporary directory")?;
+    let mut worker_config = worker_config(&args, &scratch, offered.clone())?;
+    let mode = crate::worker::render_mode(args.fresh_process, 60.0)?;
+    // Dropped (its Blenders ended) if anything below fails first.
+    let renderer = tessera_worker::agent::start_blender(&worker_config, mode)?;
+    let frames = prepare(&args.job).await?;
+    tracing::info!(
+        ms = reading.elapsed().as_millis() as u64,
+        "scene and Blender runtimes read"
+    );
     let chosen = crate::runtimes::choose(&local, &frames.scene, args.job.requirement()?)?;
     let features = offered
         .iter()
@@ -68,10 +80,6 @@ pub async fn render(args: RenderArgs) -> Result<()> {
             }
         );
     }
-    let scratch = tempfile::Builder::new()
-        .prefix("tessera-render-")
-        .tempdir()
-        .context("cannot create a temporary directory")?;
     let data = args
         .data
         .clone()
@@ -108,41 +116,10 @@ pub async fn render(args: RenderArgs) -> Result<()> {
             coord.serve(listener, None, stopped).await
         })
     };
-    let slots = args.workers.max(1);
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
-    let config = tessera_worker::agent::WorkerConfig {
-        access: access.clone(),
-        name: "local".into(),
-        cache: scratch.path().join("cache"),
-        slots: tessera_worker::slots::plan(
-            &[],
-            &[],
-            tessera_worker::slots::DeviceChoice::Force(tessera_worker::blender::Device::Cpu),
-            slots,
-        )
-        .map_err(anyhow::Error::msg)?,
-        runtimes: offered,
-        threads: args.threads.or(Some((cores / slots).max(1))),
-        hardware: Default::default(),
-        tags: Vec::new(),
-        cache_max_bytes: 50 << 30,
-        max_root_bytes: 50 << 30,
-        path_map: Vec::new(),
-        grace: std::time::Duration::ZERO,
-        #[cfg(feature = "test-hooks")]
-        fail_first_render: false,
-        price_per_hour: 0.0,
-        capacity: "on-demand".into(),
-        untrusted: false,
-        #[cfg(feature = "test-hooks")]
-        test_corrupt_pixel: false,
-        allow_scene_python: args.job.scene_python,
-        spare_blender: true,
-    };
-    let mode = crate::worker::render_mode(args.fresh_process, 60.0)?;
-    let worker = tokio::spawn(tessera_worker::agent::run_blender(
-        config,
-        mode,
+    worker_config.access = access.clone();
+    let worker = tokio::spawn(tessera_worker::agent::run(
+        worker_config,
+        renderer,
         stop_rx.clone(),
     ));
     let result = async {
@@ -176,4 +153,49 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         println!("{}", p.display());
     }
     Ok(())
+}
+
+/// The local worker's configuration: `args.workers` CPU slots sharing the
+/// cores, every Blender of `offered`, its cache in `scratch`.
+fn worker_config(
+    args: &RenderArgs,
+    scratch: &tempfile::TempDir,
+    offered: Vec<tessera_worker::runtime::Offered>,
+) -> Result<tessera_worker::agent::WorkerConfig> {
+    let slots = args.workers.max(1);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    Ok(tessera_worker::agent::WorkerConfig {
+        // Set once the embedded coordinator listens.
+        access: Access {
+            url: String::new(),
+            token: None,
+            ca: None,
+        },
+        name: "local".into(),
+        cache: scratch.path().join("cache"),
+        slots: tessera_worker::slots::plan(
+            &[],
+            &[],
+            tessera_worker::slots::DeviceChoice::Force(tessera_worker::blender::Device::Cpu),
+            slots,
+        )
+        .map_err(anyhow::Error::msg)?,
+        runtimes: offered,
+        threads: args.threads.or(Some((cores / slots).max(1))),
+        hardware: Default::default(),
+        tags: Vec::new(),
+        cache_max_bytes: 50 << 30,
+        max_root_bytes: 50 << 30,
+        path_map: Vec::new(),
+        grace: std::time::Duration::ZERO,
+        #[cfg(feature = "test-hooks")]
+        fail_first_render: false,
+        price_per_hour: 0.0,
+        capacity: "on-demand".into(),
+        untrusted: false,
+        #[cfg(feature = "test-hooks")]
+        test_corrupt_pixel: false,
+        allow_scene_python: args.job.scene_python,
+        spare_blender: true,
+    })
 }

@@ -249,13 +249,7 @@ pub async fn run<R: Renderer>(
     });
     // Blender starts while the worker registers and waits for its first task.
     let planned = shared.plans.lock().unwrap().clone();
-    for p in &planned {
-        let device = if p.declared { Device::Cpu } else { p.device };
-        shared.renderer.prepare(p.slot, device, p.uuid.as_deref());
-    }
-    if planned.is_empty() {
-        shared.renderer.prepare(0, Device::Cpu, None);
-    }
+    prepare_slots(&shared.renderer, &planned);
     register(&shared, &shutdown).await?;
     // Runs until every slot has ended, so that results still uploading at
     // a shutdown keep their leases.
@@ -1137,6 +1131,19 @@ pub enum RenderMode {
     },
 }
 
+/// Lets `renderer` start what each planned slot will need (a spare
+/// Blender) before its first task; a renderer that has it already does
+/// nothing.
+fn prepare_slots<R: Renderer>(renderer: &R, planned: &[SlotPlan]) {
+    for p in planned {
+        let device = if p.declared { Device::Cpu } else { p.device };
+        renderer.prepare(p.slot, device, p.uuid.as_deref());
+    }
+    if planned.is_empty() {
+        renderer.prepare(0, Device::Cpu, None);
+    }
+}
+
 /// Runs a worker that renders with its Blender runtimes in `mode`. The
 /// worker makes itself non-dumpable first, so Blender cannot read its memory.
 pub async fn run_blender(
@@ -1144,6 +1151,21 @@ pub async fn run_blender(
     mode: RenderMode,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), Error> {
+    let renderer = start_blender(&config, mode)?;
+    run(config, renderer, shutdown).await
+}
+
+/// The Blender sessions of a worker configured as `config` says, each
+/// planned slot's spare Blender starting at once (see
+/// [`SessionRenderer`](crate::session::SessionRenderer)); [`run`] then runs
+/// the worker with them, its access to the coordinator set by then.
+/// `tessera render` starts them before its own coordinator and while it
+/// reads the scene, so that Blender boots meanwhile. The process makes
+/// itself non-dumpable first, so Blender cannot read its memory.
+pub fn start_blender(
+    config: &WorkerConfig,
+    mode: RenderMode,
+) -> Result<crate::session::SessionRenderer, Error> {
     let (idle, reuse) = match mode {
         RenderMode::FreshProcess => (Duration::from_secs(60), false),
         RenderMode::Sessions { idle } => (idle, true),
@@ -1160,7 +1182,8 @@ pub async fn run_blender(
         #[cfg(feature = "test-hooks")]
         fail_first_render: config.fail_first_render,
     })?;
-    run(config, renderer, shutdown).await
+    prepare_slots(&renderer, &config.slots);
+    Ok(renderer)
 }
 
 mod ahead;
