@@ -39,6 +39,18 @@ pub async fn render(args: RenderArgs) -> Result<()> {
     // and boot while the scene is read (a Blender start of its own for a
     // scene not read before) and while the farm starts.
     let mut offered = crate::runtimes::offer_local(&local).await?;
+    // The spares start with the first runtime offered: the one that reads
+    // the scene goes first, known from the file's header without a Blender
+    // start, so a scene another Blender saved (4.5 beside Debian's 3.4)
+    // does not boot one Blender for nothing and then its own. Where none
+    // reads it, `prepare` below says so.
+    if let Some(scene) = &args.job.scene {
+        if let Ok(fits) = crate::runtimes::choose(&local, scene, args.job.requirement()?) {
+            if let Some(at) = offered.iter().position(|o| o.runtime == fits.runtime) {
+                offered[..=at].rotate_right(1);
+            }
+        }
+    }
     // The user's own machine: --scene-python runs the scene's Python here,
     // as `blender -b -y` would.
     if args.job.scene_python {

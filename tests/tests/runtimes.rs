@@ -197,6 +197,37 @@ fn a_scene_saved_by_4_5_renders_on_4_5_and_a_3_4_scene_where_it_is_asked_to() {
 }
 
 #[test]
+fn tessera_render_starts_its_spare_blender_with_the_runtime_that_reads_the_scene() {
+    // No farm of this file's: `tessera render`'s own, on this machine's
+    // Blenders (Debian's 3.4, listed first, and 4.5).
+    let Some(python) = bpy_python() else { return };
+    let dir = scratch();
+    let s45 = dir.path().join("s45/scene.blend");
+    bpy_scene(&python, &s45, &["--frames", "2"]);
+    let out = dir.path().join("out");
+    let run = Command::new(tessera())
+        .args(["render", s45.to_str().unwrap(), "--frames", "1-2"])
+        .args(["--workers", "1", "-o", out.to_str().unwrap()])
+        .env_remove("TESSERA_TOKEN")
+        .env_remove("TESSERA_COORDINATOR")
+        .env("XDG_CONFIG_HOME", dir.path())
+        .env("TESSERA_RUNTIMES", runtimes_dir())
+        .env("RUST_LOG", "tessera_worker=info")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{log}");
+    // The slot's spare was a 4.5 from the start: it took the scene, and no
+    // Blender was started only to be ended for another.
+    assert_eq!(log.matches("Blender session started").count(), 1, "{log}");
+    assert!(log.contains("spare=true"), "{log}");
+    assert!(!log.contains("asks for another Blender"), "{log}");
+    let refs = dir.path().join("refs");
+    bpy_reference(&python, &s45, 1, 2, &refs);
+    assert_matches_reference(&out, &refs, 1..=2);
+}
+
+#[test]
 fn a_scene_saved_by_a_newer_blender_than_any_here_is_refused_naming_the_versions() {
     let Some(f) = farm() else { return };
     // A 5.0 header (5.0's new format) in front of a scene's bytes: what

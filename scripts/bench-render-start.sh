@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# `tessera render` of a short job, this tree against BASELINE, alternating
+# run by run: the wall time of the whole command, from its start to the
+# frames on disk, and the first task's Blender session start (read from the
+# worker's log line "Blender session started ... ms=", with spare=true when
+# the slot's spare Blender took the scene). What it measures is the render's
+# first moments: the scene's header and trace, the spare Blender's boot, the
+# embedded coordinator's start.
+#
+# The scene is saved by the Blender LINE names, so that the farm must pick
+# that runtime among this machine's: 3.4 (Debian's `blender`, the first
+# runtime `tessera render` lists) or 4.5 (the `bpy` module from PyPI,
+# installed into $TESSERA_RUNTIMES by `tessera blender install 4.5` when
+# missing, as `scripts/test.sh` does).
+# Usage: BASELINE=REV [LINE=4.5] [ROUNDS=6] [FRAMES=2] [WORKERS=1] scripts/bench-render-start.sh [WIDTH HEIGHT SAMPLES]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+ensure_blender
+ensure_rust
+
+[ -n "${BASELINE:-}" ] || { echo "error: set BASELINE=REV, the commit to compare with (e.g. BASELINE=HEAD~1)" >&2; exit 1; }
+w="${1:-160}"; h="${2:-120}"; s="${3:-16}"
+line="${LINE:-4.5}"; rounds="${ROUNDS:-6}"; frames="${FRAMES:-2}"; workers="${WORKERS:-1}"
+work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
+cargo build -q --release -p tessera-cli
+tessera="$PWD/target/release/tessera"
+build_baseline "$BASELINE" release
+base="$BASELINE_BIN"
+make=(--factory-startup --python-exit-code 2 --python tests/blender/make_scene.py --)
+case "$line" in
+  3.4)
+    blender -b "${make[@]}" --out "$work/scene.blend" --kind anim --width "$w" --height "$h" \
+      --frames "$frames" --samples "$s" >/dev/null 2>&1 ;;
+  4.5)
+    ensure_bpy_runtime "$tessera"
+    python=$(ls -d "$TESSERA_RUNTIMES"/bpy-4.5.*/bin/python | head -1)
+    "$python" -I blender/bpy_run.py --script tests/blender/make_scene.py -- --out "$work/scene.blend" \
+      --kind anim --width "$w" --height "$h" --frames "$frames" --samples "$s" >/dev/null 2>&1 ;;
+  *) echo "error: LINE=$line; use 3.4 or 4.5" >&2; exit 1 ;;
+esac
+[ -f "$work/scene.blend" ] || { echo "error: the $line scene was not made" >&2; exit 1; }
+
+now() { date +%s.%N; }
+one() { # NAME BIN: appends "NAME wall_s session_ms spare" to $work/times
+  local name="$1" bin="$2" t0 t1 log="$work/$1.log"
+  rm -rf "$work/out"
+  t0=$(now)
+  RUST_LOG=tessera_worker=info "$bin" render "$work/scene.blend" --frames "1-$frames" --workers "$workers" \
+    -o "$work/out" >/dev/null 2>"$log" || { echo "error: $name's render failed; its log:" >&2; cat "$log" >&2; exit 1; }
+  t1=$(now)
+  local started
+  started=$(grep "Blender session started" "$log" | head -1)
+  echo "$name $(python3 -c "print($t1 - $t0)") $(sed -n 's/.* ms=\([0-9]*\).*/\1/p' <<<"$started") \
+$(sed -n 's/.*spare=\([a-z]*\).*/\1/p' <<<"$started")" >>"$work/times"
+}
+# Untimed: each binary's first run (the scene's trace is cached from then on).
+one new "$tessera"; one baseline "$base"; : >"$work/times"
+for r in $(seq "$rounds"); do
+  # Each round's order swaps, so that neither always runs first.
+  if [ $((r % 2)) = 1 ]; then one new "$tessera"; one baseline "$base"
+  else one baseline "$base"; one new "$tessera"; fi
+done
+python3 - "$work/times" "$BASELINE_SHORT" "$line" "$frames" "$workers" <<'EOF'
+import statistics, sys
+path, short, line, frames, workers = sys.argv[1:]
+runs = {"new": [], "baseline": []}
+for l in open(path):
+    name, wall, ms, spare = (l.split() + ["", ""])[:4]
+    runs[name].append((float(wall), float(ms) if ms else float("nan"), spare))
+print(f"tessera render, a {frames}-frame scene saved by Blender {line}, --workers {workers}; "
+      f"this tree (new) against {short} (baseline), {len(runs['new'])} runs each, alternating")
+print(f"{'':10} {'wall s':>8} {'session ms':>11}  spare took the scene   walls")
+med = {}
+for name, rs in runs.items():
+    wall = statistics.median(r[0] for r in rs)
+    ms = statistics.median(r[1] for r in rs)
+    spares = sum(r[2] == "true" for r in rs)
+    med[name] = (wall, ms)
+    walls = " ".join(f"{r[0]:.3f}" for r in rs)
+    print(f"{name:10} {wall:8.3f} {ms:11.0f}  {spares}/{len(rs):<20} {walls}")
+print(f"{'ratio':10} {med['new'][0] / med['baseline'][0]:8.2f} {med['new'][1] / med['baseline'][1]:11.2f}")
+EOF
