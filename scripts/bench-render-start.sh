@@ -11,8 +11,9 @@
 # that runtime among this machine's: 3.4 (Debian's `blender`, the first
 # runtime `tessera render` lists) or 4.5 (the `bpy` module from PyPI,
 # installed into $TESSERA_RUNTIMES by `tessera blender install 4.5` when
-# missing, as `scripts/test.sh` does).
-# Usage: BASELINE=REV [LINE=4.5] [ROUNDS=6] [FRAMES=2] [WORKERS=1] scripts/bench-render-start.sh [WIDTH HEIGHT SAMPLES]
+# missing, as `scripts/test.sh` does). ARGS="..." adds `tessera render`
+# arguments to both (e.g. ARGS=--scene-python).
+# Usage: BASELINE=REV [LINE=4.5] [ROUNDS=6] [FRAMES=2] [WORKERS=1] [ARGS=...] scripts/bench-render-start.sh [WIDTH HEIGHT SAMPLES]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -22,6 +23,7 @@ ensure_rust
 [ -n "${BASELINE:-}" ] || { echo "error: set BASELINE=REV, the commit to compare with (e.g. BASELINE=HEAD~1)" >&2; exit 1; }
 w="${1:-160}"; h="${2:-120}"; s="${3:-16}"
 line="${LINE:-4.5}"; rounds="${ROUNDS:-6}"; frames="${FRAMES:-2}"; workers="${WORKERS:-1}"
+read -r -a extra <<<"${ARGS:-}"
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
 cargo build -q --release -p tessera-cli
 tessera="$PWD/target/release/tessera"
@@ -47,7 +49,7 @@ one() { # NAME BIN: appends "NAME wall_s session_ms spare" to $work/times
   rm -rf "$work/out"
   t0=$(now)
   RUST_LOG=tessera_worker=info "$bin" render "$work/scene.blend" --frames "1-$frames" --workers "$workers" \
-    -o "$work/out" >/dev/null 2>"$log" || { echo "error: $name's render failed; its log:" >&2; cat "$log" >&2; exit 1; }
+    -o "$work/out" ${extra[@]+"${extra[@]}"} >/dev/null 2>"$log" || { echo "error: $name's render failed; its log:" >&2; cat "$log" >&2; exit 1; }
   t1=$(now)
   local started
   started=$(grep "Blender session started" "$log" | head -1)
@@ -61,14 +63,14 @@ for r in $(seq "$rounds"); do
   if [ $((r % 2)) = 1 ]; then one new "$tessera"; one baseline "$base"
   else one baseline "$base"; one new "$tessera"; fi
 done
-python3 - "$work/times" "$BASELINE_SHORT" "$line" "$frames" "$workers" <<'EOF'
+python3 - "$work/times" "$BASELINE_SHORT" "$line" "$frames" "$workers" "${ARGS:-}" <<'EOF'
 import statistics, sys
-path, short, line, frames, workers = sys.argv[1:]
+path, short, line, frames, workers, args = sys.argv[1:]
 runs = {"new": [], "baseline": []}
 for l in open(path):
     name, wall, ms, spare = (l.split() + ["", ""])[:4]
     runs[name].append((float(wall), float(ms) if ms else float("nan"), spare))
-print(f"tessera render, a {frames}-frame scene saved by Blender {line}, --workers {workers}; "
+print(f"tessera render, a {frames}-frame scene saved by Blender {line}, --workers {workers}{' ' + args if args else ''}; "
       f"this tree (new) against {short} (baseline), {len(runs['new'])} runs each, alternating")
 print(f"{'':10} {'wall s':>8} {'session ms':>11}  spare took the scene   walls")
 med = {}

@@ -209,5 +209,7 @@ fn worker_config(
         test_corrupt_pixel: false,
         allow_scene_python: args.job.scene_python,
         spare_blender: true,
+        // Its one job's tasks all ask as --scene-python says.
+        spare_scene_python: args.job.scene_python,
     })
 }

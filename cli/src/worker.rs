@@ -154,6 +154,7 @@ pub async fn run(url: &Access, args: WorkerArgs) -> Result<()> {
         test_corrupt_pixel: args.test_corrupt_pixel,
         allow_scene_python: args.allow_scene_python,
         spare_blender: !args.no_spare_blender,
+        spare_scene_python: false,
     };
     tracing::info!(slots, "worker starting");
     let mode = render_mode(args.fresh_process, args.session_idle)?;

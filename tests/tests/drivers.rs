@@ -129,3 +129,30 @@ fn a_job_with_scene_python_waits_for_a_worker_that_allows_it_and_runs_the_driver
         "the driver moves the cube only with auto-run"
     );
 }
+
+#[test]
+fn tessera_render_with_scene_python_runs_the_driver_in_a_spare_started_for_it() {
+    // The user's own machine: `tessera render --scene-python` runs the
+    // scene's Python as `blender -b -y` would, and its worker's spare
+    // Blender is started that way from the first, so the task takes it.
+    let scene = py_driver_scene();
+    let dir = scratch();
+    let out = dir.path().join("out");
+    let run = Command::new(tessera())
+        .args(["render", scene.to_str().unwrap(), "--frames", "1"])
+        .args(["--scene-python", "--workers", "1", "-o"])
+        .arg(&out)
+        .env_remove("TESSERA_TOKEN")
+        .env_remove("TESSERA_COORDINATOR")
+        .env("XDG_CONFIG_HOME", dir.path())
+        .env("RUST_LOG", "tessera_worker=info")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{log}");
+    assert!(log.contains("spare=true"), "{log}");
+    assert!(!log.contains("asks for another Blender"), "{log}");
+    let with_python = dir.path().join("refs-y");
+    reference_with_python(&scene, &with_python);
+    assert_matches_reference(&out, &with_python, 1..=1);
+}

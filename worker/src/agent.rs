@@ -85,6 +85,12 @@ pub struct WorkerConfig {
     /// task there does not wait for Blender to start (`--no-spare-blender`
     /// turns it off: an idle slot then holds no process).
     pub spare_blender: bool,
+    /// Start the spares with the scene's stored Python allowed, as every
+    /// task of this worker will ask (`tessera render --scene-python`, whose
+    /// worker serves its one job); else without it, as a task asks unless
+    /// its job says otherwise. A spare started otherwise than its task asks
+    /// is ended and another started.
+    pub spare_scene_python: bool,
 }
 
 /// A worker's GPUs and their telemetry sources.
@@ -1179,6 +1185,7 @@ pub fn start_blender(
         idle,
         reuse,
         spare: config.spare_blender,
+        spare_scene_python: config.spare_scene_python,
         #[cfg(feature = "test-hooks")]
         fail_first_render: config.fail_first_render,
     })?;

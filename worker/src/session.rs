@@ -79,6 +79,9 @@ pub struct SessionConfig {
     /// Keep a spare Blender started on each idle slot, waiting for its
     /// scene (see [`SlotSpare`]).
     pub spare: bool,
+    /// Start the spares with the scene's stored Python allowed
+    /// ([`crate::agent::WorkerConfig::spare_scene_python`]).
+    pub spare_scene_python: bool,
     /// TESTS ONLY: the first session of each slot fails its renders as a
     /// crashing GPU driver would (`--fail-first-render`).
     #[cfg(feature = "test-hooks")]
@@ -1078,7 +1081,7 @@ impl Renderer for SessionRenderer {
             runtime: first.runtime.clone(),
             device,
             gpu_uuid: gpu_uuid.map(str::to_string),
-            scene_python: false,
+            scene_python: self.config.spare_scene_python,
         };
         self.spare_ahead(slot, &launch);
     }
