@@ -575,3 +575,54 @@ fn with_fresh_process_each_task_gets_a_blender_started_while_the_last_one_render
         );
     }
 }
+
+#[test]
+fn a_slot_moving_to_another_job_finds_its_blender_started_while_the_last_task_rendered() {
+    let scene_a = scene(&[
+        "--kind",
+        "anim",
+        "--width",
+        "64",
+        "--height",
+        "48",
+        "--samples",
+        "16",
+        "--frames",
+        "2",
+    ]);
+    let scene_b = scene(&["--kind", "still", "--width", "64", "--height", "48"]);
+    let dir = scratch();
+    let coord = Coordinator::start(&dir.path().join("data"), "127.0.0.1:0", &[]);
+    // Both jobs wait before the worker comes: its one slot renders one,
+    // then the other, leasing the other's task ahead while it renders.
+    let a = submit(&coord.url, &scene_a, &["--frames", "1-2", "--chunk", "1"]);
+    let b = submit(&coord.url, &scene_b, &["--frames", "1"]);
+    let w = worker(&coord.url, dir.path(), "a");
+    for job in [a, b] {
+        let done = wait_for(&coord.url, job, Duration::from_secs(120), "the job", |j| {
+            j["state"] == "done" || j["state"] == "failed"
+        });
+        assert_eq!(done["state"], "done", "{done:#}\n{}", w.log());
+    }
+    let log = w.log();
+    // A session for each job the slot moved to (two or three: the order of
+    // the two jobs' tasks is the coordinator's), each in a Blender started
+    // before its task: the first with the worker, each later one while the
+    // task before it rendered, when the next task was leased ahead.
+    let started = pids_in_log(&log, "Blender session started");
+    assert!(started.len() >= 2, "{log}");
+    assert_eq!(
+        log.matches("spare=true").count(),
+        started.len(),
+        "a Blender started only when its task came:\n{log}"
+    );
+    assert!(!log.contains("asks for another Blender"), "{log}");
+    let out = dir.path().join("out-b");
+    cli_ok(
+        &coord.url,
+        &["fetch", &b.to_string(), "-o", out.to_str().unwrap()],
+    );
+    let refs = dir.path().join("refs-b");
+    reference(&scene_b, 1, 1, &refs);
+    assert_matches_reference(&out, &refs, 1..=1);
+}

@@ -924,20 +924,7 @@ async fn render<R: Renderer>(
         .cache
         .work_dir(&task.lease_id)
         .map_err(|e| failure(Kind::WorkerDisk, e.to_string(), "", String::new()))?;
-    let plan = shared
-        .plans
-        .lock()
-        .unwrap()
-        .iter()
-        .find(|p| p.slot == slot)
-        .cloned();
-    let asked = Device::from_name(&task.device);
-    // A declared GPU (tests) renders on the CPU unless the device was forced.
-    let device = match &plan {
-        Some(p) if p.declared => Device::Cpu,
-        _ => asked,
-    };
-    let gpu_uuid = plan.and_then(|p| p.uuid);
+    let (device, gpu_uuid) = slot_device(shared, slot, task);
     let req = RenderRequest {
         job: task.job_id,
         slot,
@@ -1135,6 +1122,44 @@ pub enum RenderMode {
         /// Idle time after which a session closes.
         idle: Duration,
     },
+}
+
+/// The device `task` renders on in `slot`, and the GPU the slot is pinned to.
+fn slot_device<R: Renderer>(
+    shared: &Shared<R>,
+    slot: u32,
+    task: &pb::TaskAssignment,
+) -> (Device, Option<String>) {
+    let plan = shared
+        .plans
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|p| p.slot == slot)
+        .cloned();
+    let asked = Device::from_name(&task.device);
+    // A declared GPU (tests) renders on the CPU unless the device was forced.
+    let device = match &plan {
+        Some(p) if p.declared => Device::Cpu,
+        _ => asked,
+    };
+    (device, plan.and_then(|p| p.uuid))
+}
+
+/// Lets `renderer` know that `slot`'s next task, leased ahead, is `task` of
+/// another job than its current render's, so that it may start the Blender
+/// that task needs meanwhile.
+fn expect_next<R: Renderer>(shared: &Shared<R>, slot: u32, task: &pb::TaskAssignment) {
+    let (device, gpu_uuid) = slot_device(shared, slot, task);
+    shared.renderer.expect(
+        slot,
+        &crate::blender::NextLaunch {
+            device,
+            gpu_uuid,
+            blender: Some(task.blender.clone()).filter(|b| !b.is_empty()),
+            scene_python: task.scene_python,
+        },
+    );
 }
 
 /// Lets `renderer` start what each planned slot will need (a spare

@@ -192,6 +192,24 @@ pub trait Renderer: Send + Sync + 'static {
     /// Readies `slot`, which renders on `device` (pinned to the GPU
     /// `gpu_uuid`), before any task arrives: a renderer may start Blender.
     fn prepare(&self, _slot: u32, _device: Device, _gpu_uuid: Option<&str>) {}
+
+    /// Readies `slot` for its next task, of another job than the one it
+    /// renders now (leased ahead): a renderer may start the Blender that
+    /// task will need (`next` says how) while the current render runs.
+    fn expect(&self, _slot: u32, _next: &NextLaunch) {}
+}
+
+/// How a slot's next task, leased ahead, will run Blender.
+#[derive(Debug, Clone)]
+pub struct NextLaunch {
+    /// The device the slot renders on.
+    pub device: Device,
+    /// The GPU the slot is pinned to.
+    pub gpu_uuid: Option<String>,
+    /// The Blender version the task names (`None`: the worker's first).
+    pub blender: Option<String>,
+    /// Whether the task runs the scene's stored Python.
+    pub scene_python: bool,
 }
 
 /// A failure of `kind`: `what` happened, Blender printed `words` (its error

@@ -842,10 +842,14 @@ impl SessionRenderer {
         }
     }
 
-    /// Starts a spare Blender for `slot` as `launch` says, unless it has one.
+    /// Starts a spare Blender for `slot` as `launch` says, unless it has one
+    /// started so (one started otherwise is ended).
     fn spare_ahead(&self, slot: u32, launch: &Launch) {
         let mut spares = self.spares.lock().unwrap();
         let entry = SlotSpare::of(&mut spares, slot, launch);
+        if let Some(other) = entry.spare.take_if(|s| s.launch != *launch) {
+            other.kill("the slot's next task asks for another Blender, device or Python policy");
+        }
         if entry.spare.is_none() {
             entry.spare = start_spare(&self.launcher, slot, launch);
         }
@@ -920,13 +924,19 @@ fn start_spare(launcher: &Launcher, slot: u32, launch: &Launch) -> Option<Sessio
 impl SessionRenderer {
     /// The runtime the task asks for (by version), or the first one when it
     /// names none (a coordinator that does not choose).
-    fn runtime_for(&self, req: &RenderRequest) -> Result<crate::runtime::Runtime, RenderFailure> {
+    /// The runtime of the Blender version `blender` names (`None`: the first).
+    fn runtime_named(&self, blender: Option<&str>) -> Option<crate::runtime::Runtime> {
         let offered = &self.config.runtimes;
-        let found = match req.blender.as_deref() {
+        let found = match blender {
             None | Some("") => offered.first(),
             Some(v) => offered.iter().find(|o| o.caps.version == v),
         };
-        found.map(|o| o.runtime.clone()).ok_or_else(|| {
+        found.map(|o| o.runtime.clone())
+    }
+
+    fn runtime_for(&self, req: &RenderRequest) -> Result<crate::runtime::Runtime, RenderFailure> {
+        let offered = &self.config.runtimes;
+        self.runtime_named(req.blender.as_deref()).ok_or_else(|| {
             let have: Vec<&str> = offered.iter().map(|o| o.caps.version.as_str()).collect();
             failure(
                 Kind::WorkerDisk,
@@ -1084,6 +1094,27 @@ impl Renderer for SessionRenderer {
             scene_python: self.config.spare_scene_python,
         };
         self.spare_ahead(slot, &launch);
+    }
+
+    fn expect(&self, slot: u32, next: &crate::blender::NextLaunch) {
+        if !self.config.spare {
+            return;
+        }
+        // A version this worker lacks fails when the task starts, saying so.
+        let Some(runtime) = self.runtime_named(next.blender.as_deref()) else {
+            return;
+        };
+        // The task will not find the slot's session warm for its job: its
+        // Blender boots now, while the current render runs, and waits.
+        self.spare_ahead(
+            slot,
+            &Launch {
+                runtime,
+                device: next.device,
+                gpu_uuid: next.gpu_uuid.clone(),
+                scene_python: next.scene_python,
+            },
+        );
     }
 
     fn end_jobs(&self, jobs: &[u64]) {

@@ -118,6 +118,10 @@ pub(super) async fn ask<R: Renderer>(
         with_result,
         "next task leased ahead"
     );
+    if task.job_id != warm {
+        // Another job's: its Blender may start while this render runs.
+        super::expect_next(shared, slot, &task);
+    }
     let (decide, decided) = oneshot::channel();
     let renewal = shared.renewals.hold(&task.lease_id, Holding::Waiting);
     let keeper = tokio::spawn(keep(

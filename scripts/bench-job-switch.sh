@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# A slot moving from job to job: JOBS one-frame jobs (each its own scene,
+# so each needs a Blender of its own) wait on a coordinator, then one
+# worker of one slot renders them all; the time from the worker's start to
+# the last job's end, this tree's worker against BASELINE's, alternating
+# round by round, each round on a fresh coordinator. Also the median of the
+# worker log's "Blender session started ... ms=" and how many of those
+# sessions were a Blender started before their task came (spare=true).
+# Usage: BASELINE=REV [JOBS=6] [ROUNDS=3] scripts/bench-job-switch.sh [WIDTH HEIGHT SAMPLES]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+ensure_blender
+ensure_rust
+
+[ -n "${BASELINE:-}" ] || { echo "error: set BASELINE=REV, the commit to compare with (e.g. BASELINE=HEAD~1)" >&2; exit 1; }
+w="${1:-160}"; h="${2:-120}"; s="${3:-16}"
+jobs="${JOBS:-6}"; rounds="${ROUNDS:-3}"
+work="$(mktemp -d)"
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+cargo build -q --release -p tessera-cli
+tessera="$PWD/target/release/tessera"
+build_baseline "$BASELINE" release
+base="$BASELINE_BIN"
+for i in $(seq "$jobs"); do
+  # Scenes that differ (their seed), so that no two jobs share a scene.
+  blender -b --factory-startup --python-exit-code 2 --python tests/blender/make_scene.py -- \
+    --out "$work/scene$i.blend" --kind still --width "$w" --height "$h" --samples "$((s + i))" >/dev/null 2>&1
+done
+
+now() { date +%s.%N; }
+n=0
+round() { # NAME BIN: appends "NAME seconds session_ms_median spares sessions" to $work/times
+  local name="$1" bin="$2"
+  n=$((n + 1)); local dir="$work/run$n"; mkdir -p "$dir"
+  "$tessera" coordinator --listen 127.0.0.1:0 --data "$dir/data" >"$dir/coord.out" 2>"$dir/coord.log" &
+  local coord=$!; pids+=("$coord")
+  for _ in $(seq 100); do grep -q "listening on" "$dir/coord.out" 2>/dev/null && break; sleep 0.1; done
+  local addr; addr=$(sed -n 's/tessera coordinator listening on //p' "$dir/coord.out" | head -1)
+  export TESSERA_COORDINATOR="http://$addr" TESSERA_TOKEN; TESSERA_TOKEN="$(cat "$dir/data/admin.token")"
+  local worker_token ids=() i
+  worker_token=$("$tessera" users add workers --role worker 2>/dev/null)
+  for i in $(seq "$jobs"); do ids+=("$("$tessera" submit "$work/scene$i.blend" --frames 1 2>/dev/null)"); done
+  local t0 t1
+  t0=$(now)
+  TESSERA_TOKEN="$worker_token" "$bin" worker --name "$name" --slots 1 --cache "$dir/cache" >"$dir/worker.log" 2>&1 &
+  local worker=$!
+  for i in "${ids[@]}"; do "$tessera" watch "$i" >/dev/null 2>&1; done
+  t1=$(now)
+  kill "$worker" "$coord"; wait "$worker" "$coord" 2>/dev/null || true
+  python3 - "$name" "$(python3 -c "print($t1 - $t0)")" "$dir/worker.log" >>"$work/times" <<'PY'
+import re, statistics, sys
+name, secs, log = sys.argv[1:]
+starts = [l for l in open(log) if "Blender session started" in l]
+ms = [int(m.group(1)) for l in starts if (m := re.search(r" ms=(\d+)", l))]
+spares = sum("spare=true" in l for l in starts)
+print(name, secs, statistics.median(ms) if ms else "nan", spares, len(starts))
+PY
+}
+# Untimed: each binary's first run.
+round new "$tessera"; round baseline "$base"; : >"$work/times"
+for r in $(seq "$rounds"); do
+  if [ $((r % 2)) = 1 ]; then round new "$tessera"; round baseline "$base"
+  else round baseline "$base"; round new "$tessera"; fi
+done
+python3 - "$work/times" "$BASELINE_SHORT" "$jobs" "$w" "$h" "$s" <<'PY'
+import statistics, sys
+path, short, jobs, w, h, s = sys.argv[1:]
+runs = {"new": [], "baseline": []}
+for l in open(path):
+    name, secs, ms, spares, sessions = l.split()
+    runs[name].append((float(secs), float(ms), int(spares), int(sessions)))
+print(f"{jobs} one-frame jobs ({w}x{h}), waiting, then one worker slot renders them all: "
+      f"this tree (new) against {short} (baseline), {len(runs['new'])} rounds, alternating")
+print(f"{'':10} {'all jobs s':>10} {'session ms':>11}  spare took the scene   walls")
+med = {}
+for name, rs in runs.items():
+    secs = statistics.median(r[0] for r in rs)
+    ms = statistics.median(r[1] for r in rs)
+    med[name] = (secs, ms)
+    took = f"{sum(r[2] for r in rs)}/{sum(r[3] for r in rs)}"
+    print(f"{name:10} {secs:10.3f} {ms:11.0f}  {took:<20} " + " ".join(f"{r[0]:.3f}" for r in rs))
+print(f"{'ratio':10} {med['new'][0] / med['baseline'][0]:10.2f} {med['new'][1] / med['baseline'][1]:11.2f}")
+PY
