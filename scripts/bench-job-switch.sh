@@ -32,7 +32,7 @@ done
 
 now() { date +%s.%N; }
 n=0
-round() { # NAME BIN: appends "NAME seconds session_ms_median spares sessions" to $work/times
+round() { # NAME BIN: appends its line (see scripts/session_starts.py) to $work/times
   local name="$1" bin="$2"
   n=$((n + 1)); local dir="$work/run$n"; mkdir -p "$dir"
   "$tessera" coordinator --listen 127.0.0.1:0 --data "$dir/data" >"$dir/coord.out" 2>"$dir/coord.log" &
@@ -50,37 +50,9 @@ round() { # NAME BIN: appends "NAME seconds session_ms_median spares sessions" t
   for i in "${ids[@]}"; do "$tessera" watch "$i" >/dev/null 2>&1; done
   t1=$(now)
   kill "$worker" "$coord"; wait "$worker" "$coord" 2>/dev/null || true
-  python3 - "$name" "$(python3 -c "print($t1 - $t0)")" "$dir/worker.log" >>"$work/times" <<'PY'
-import re, statistics, sys
-name, secs, log = sys.argv[1:]
-starts = [l for l in open(log) if "Blender session started" in l]
-ms = [int(m.group(1)) for l in starts if (m := re.search(r" ms=(\d+)", l))]
-spares = sum("spare=true" in l for l in starts)
-print(name, secs, statistics.median(ms) if ms else "nan", spares, len(starts))
-PY
+  python3 scripts/session_starts.py record "$name" "$(python3 -c "print($t1 - $t0)")" "$dir/worker.log" >>"$work/times"
 }
-# Untimed: each binary's first run.
-round new "$tessera"; round baseline "$base"; : >"$work/times"
-for r in $(seq "$rounds"); do
-  if [ $((r % 2)) = 1 ]; then round new "$tessera"; round baseline "$base"
-  else round baseline "$base"; round new "$tessera"; fi
-done
-python3 - "$work/times" "$BASELINE_SHORT" "$jobs" "$w" "$h" "$s" <<'PY'
-import statistics, sys
-path, short, jobs, w, h, s = sys.argv[1:]
-runs = {"new": [], "baseline": []}
-for l in open(path):
-    name, secs, ms, spares, sessions = l.split()
-    runs[name].append((float(secs), float(ms), int(spares), int(sessions)))
-print(f"{jobs} one-frame jobs ({w}x{h}), waiting, then one worker slot renders them all: "
-      f"this tree (new) against {short} (baseline), {len(runs['new'])} rounds, alternating")
-print(f"{'':10} {'all jobs s':>10} {'session ms':>11}  spare took the scene   walls")
-med = {}
-for name, rs in runs.items():
-    secs = statistics.median(r[0] for r in rs)
-    ms = statistics.median(r[1] for r in rs)
-    med[name] = (secs, ms)
-    took = f"{sum(r[2] for r in rs)}/{sum(r[3] for r in rs)}"
-    print(f"{name:10} {secs:10.3f} {ms:11.0f}  {took:<20} " + " ".join(f"{r[0]:.3f}" for r in rs))
-print(f"{'ratio':10} {med['new'][0] / med['baseline'][0]:10.2f} {med['new'][1] / med['baseline'][1]:11.2f}")
-PY
+# Each binary's first run is untimed.
+alternate "$rounds" "$work/times" round "$tessera" "$base"
+python3 scripts/session_starts.py table "$work/times" \
+  "$jobs one-frame jobs (${w}x$h), waiting, then one worker slot renders them all; baseline $BASELINE_SHORT"

@@ -44,42 +44,16 @@ esac
 [ -f "$work/scene.blend" ] || { echo "error: the $line scene was not made" >&2; exit 1; }
 
 now() { date +%s.%N; }
-one() { # NAME BIN: appends "NAME wall_s session_ms spare" to $work/times
+one() { # NAME BIN: appends its line (see scripts/session_starts.py) to $work/times
   local name="$1" bin="$2" t0 t1 log="$work/$1.log"
   rm -rf "$work/out"
   t0=$(now)
   RUST_LOG=tessera_worker=info "$bin" render "$work/scene.blend" --frames "1-$frames" --workers "$workers" \
     -o "$work/out" ${extra[@]+"${extra[@]}"} >/dev/null 2>"$log" || { echo "error: $name's render failed; its log:" >&2; cat "$log" >&2; exit 1; }
   t1=$(now)
-  local started
-  started=$(grep "Blender session started" "$log" | head -1)
-  echo "$name $(python3 -c "print($t1 - $t0)") $(sed -n 's/.* ms=\([0-9]*\).*/\1/p' <<<"$started") \
-$(sed -n 's/.*spare=\([a-z]*\).*/\1/p' <<<"$started")" >>"$work/times"
+  python3 scripts/session_starts.py record "$name" "$(python3 -c "print($t1 - $t0)")" "$log" >>"$work/times"
 }
-# Untimed: each binary's first run (the scene's trace is cached from then on).
-one new "$tessera"; one baseline "$base"; : >"$work/times"
-for r in $(seq "$rounds"); do
-  # Each round's order swaps, so that neither always runs first.
-  if [ $((r % 2)) = 1 ]; then one new "$tessera"; one baseline "$base"
-  else one baseline "$base"; one new "$tessera"; fi
-done
-python3 - "$work/times" "$BASELINE_SHORT" "$line" "$frames" "$workers" "${ARGS:-}" <<'EOF'
-import statistics, sys
-path, short, line, frames, workers, args = sys.argv[1:]
-runs = {"new": [], "baseline": []}
-for l in open(path):
-    name, wall, ms, spare = (l.split() + ["", ""])[:4]
-    runs[name].append((float(wall), float(ms) if ms else float("nan"), spare))
-print(f"tessera render, a {frames}-frame scene saved by Blender {line}, --workers {workers}{' ' + args if args else ''}; "
-      f"this tree (new) against {short} (baseline), {len(runs['new'])} runs each, alternating")
-print(f"{'':10} {'wall s':>8} {'session ms':>11}  spare took the scene   walls")
-med = {}
-for name, rs in runs.items():
-    wall = statistics.median(r[0] for r in rs)
-    ms = statistics.median(r[1] for r in rs)
-    spares = sum(r[2] == "true" for r in rs)
-    med[name] = (wall, ms)
-    walls = " ".join(f"{r[0]:.3f}" for r in rs)
-    print(f"{name:10} {wall:8.3f} {ms:11.0f}  {spares}/{len(rs):<20} {walls}")
-print(f"{'ratio':10} {med['new'][0] / med['baseline'][0]:8.2f} {med['new'][1] / med['baseline'][1]:11.2f}")
-EOF
+# Each binary's first run is untimed (the scene's trace is cached from then on).
+alternate "$rounds" "$work/times" one "$tessera" "$base"
+python3 scripts/session_starts.py table "$work/times" \
+  "tessera render, a $frames-frame scene saved by Blender $line, --workers $workers${ARGS:+ $ARGS}; baseline $BASELINE_SHORT"

@@ -154,6 +154,18 @@ ensure_postgres() {
 # target/bench-baseline/SHORT/src, its own target directory there, seeded
 # with this tree's release dependencies) and sets BASELINE_BIN to it.
 # Usage: build_baseline REV [release|dev]
+# Runs `FN new NEW_BIN` and `FN baseline BASE_BIN` once each, untimed,
+# empties TIMES, then ROUNDS rounds of both, the order swapping each round
+# so that neither always runs first.
+alternate() { # ROUNDS TIMES FN NEW_BIN BASE_BIN
+  local rounds="$1" times="$2" fn="$3" new="$4" base="$5" r
+  "$fn" new "$new"; "$fn" baseline "$base"; : >"$times"
+  for r in $(seq "$rounds"); do
+    if [ $((r % 2)) = 1 ]; then "$fn" new "$new"; "$fn" baseline "$base"
+    else "$fn" baseline "$base"; "$fn" new "$new"; fi
+  done
+}
+
 build_baseline() {
   local rev short base_root profile="${2:-release}" dir
   rev="$(git rev-parse --verify -q "$1^{commit}")" || {
