@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # A slot moving from job to job: JOBS one-frame jobs (each its own scene,
 # so each needs a Blender of its own) wait on a coordinator, then one
-# worker of one slot renders them all; the time from the worker's start to
+# worker of SLOTS slots (1 by default) renders them all; the time from the worker's start to
 # the last job's end, this tree's worker against BASELINE's, alternating
 # round by round, each round on a fresh coordinator. Also the median of the
 # worker log's "Blender session started ... ms=" and how many of those
 # sessions were a Blender started before their task came (spare=true).
-# Usage: BASELINE=REV [JOBS=6] [ROUNDS=3] scripts/bench-job-switch.sh [WIDTH HEIGHT SAMPLES]
+# Usage: BASELINE=REV [JOBS=6] [ROUNDS=3] [SLOTS=1] scripts/bench-job-switch.sh [WIDTH HEIGHT SAMPLES]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -15,7 +15,7 @@ ensure_rust
 
 [ -n "${BASELINE:-}" ] || { echo "error: set BASELINE=REV, the commit to compare with (e.g. BASELINE=HEAD~1)" >&2; exit 1; }
 w="${1:-160}"; h="${2:-120}"; s="${3:-16}"
-jobs="${JOBS:-6}"; rounds="${ROUNDS:-3}"
+jobs="${JOBS:-6}"; rounds="${ROUNDS:-3}"; slots="${SLOTS:-1}"
 work="$(mktemp -d)"
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
@@ -45,7 +45,7 @@ round() { # NAME BIN: appends its line (see scripts/session_starts.py) to $work/
   for i in $(seq "$jobs"); do ids+=("$("$tessera" submit "$work/scene$i.blend" --frames 1 2>/dev/null)"); done
   local t0 t1
   t0=$(now)
-  TESSERA_TOKEN="$worker_token" "$bin" worker --name "$name" --slots 1 --cache "$dir/cache" >"$dir/worker.log" 2>&1 &
+  TESSERA_TOKEN="$worker_token" "$bin" worker --name "$name" --slots "$slots" --cache "$dir/cache" >"$dir/worker.log" 2>&1 &
   local worker=$!
   for i in "${ids[@]}"; do "$tessera" watch "$i" >/dev/null 2>&1; done
   t1=$(now)
@@ -55,4 +55,4 @@ round() { # NAME BIN: appends its line (see scripts/session_starts.py) to $work/
 # Each binary's first run is untimed.
 alternate "$rounds" "$work/times" round "$tessera" "$base"
 python3 scripts/session_starts.py table "$work/times" \
-  "$jobs one-frame jobs (${w}x$h), waiting, then one worker slot renders them all; baseline $BASELINE_SHORT"
+  "$jobs one-frame jobs (${w}x$h), waiting, then one worker of $slots slot(s) renders them all; baseline $BASELINE_SHORT"
