@@ -24,7 +24,10 @@
 //! A slot with no session keeps a spare Blender ([`SlotSpare`]), started the
 //! same way without a scene (`--spare`): the next task that asks for the same
 //! runtime, device and scene-Python policy sends it an `open` command instead
-//! of waiting for a Blender to start.
+//! of waiting for a Blender to start. A slot rendering a task whose next
+//! task (leased ahead) is another job's starts that task's spare while it
+//! renders ([`Renderer::expect`](crate::blender::Renderer::expect)), so the
+//! job's first task there waits for no Blender start either.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::BufRead;
