@@ -1,6 +1,6 @@
 //! The worker's lease loop: register, then one loop per slot that leases a
 //! task, fetches its scene, renders, uploads the frames and reports the result.
-//! While it renders, a slot leases its next task ahead (see [`ahead`]) and
+//! While it renders, a slot leases its next task ahead (see `agent/ahead.rs`) and
 //! starts it as soon as the render ends, uploading and reporting meanwhile.
 //!
 //! Every call to the coordinator has a deadline (see [`crate::deadline`]) and

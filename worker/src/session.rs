@@ -21,12 +21,12 @@
 //! job; it is closed when the slot moves to another job, when it has been idle
 //! for the configured time, when its job ends, and when Blender dies.
 //!
-//! A slot with no session keeps a spare Blender ([`SlotSpare`]), started the
+//! A slot with no session keeps a spare Blender (`SlotSpare`), started the
 //! same way without a scene (`--spare`): the next task that asks for the same
 //! runtime, device and scene-Python policy sends it an `open` command instead
 //! of waiting for a Blender to start. A slot rendering a task whose next
 //! task (leased ahead) is another job's starts that task's spare while it
-//! renders ([`Renderer::expect`](crate::blender::Renderer::expect)), so the
+//! renders ([`Renderer::expect`]), so the
 //! job's first task there waits for no Blender start either.
 
 use std::collections::{HashMap, VecDeque};
@@ -80,7 +80,7 @@ pub struct SessionConfig {
     /// Keep a session between tasks of a job (false: one Blender per task).
     pub reuse: bool,
     /// Keep a spare Blender started on each idle slot, waiting for its
-    /// scene (see [`SlotSpare`]).
+    /// scene (see `SlotSpare`).
     pub spare: bool,
     /// Start the spares with the scene's stored Python allowed
     /// ([`crate::agent::WorkerConfig::spare_scene_python`]).
