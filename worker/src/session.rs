@@ -26,8 +26,8 @@
 //! runtime, device and scene-Python policy sends it an `open` command instead
 //! of waiting for a Blender to start. A slot rendering a task whose next
 //! task (leased ahead) is another job's starts that task's spare while it
-//! renders ([`Renderer::expect`]), so the
-//! job's first task there waits for no Blender start either.
+//! renders ([`Renderer::expect`]), so the job's first task there waits for
+//! no Blender start either.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::BufRead;
@@ -925,9 +925,8 @@ fn start_spare(launcher: &Launcher, slot: u32, launch: &Launch) -> Option<Sessio
 }
 
 impl SessionRenderer {
-    /// The runtime the task asks for (by version), or the first one when it
-    /// names none (a coordinator that does not choose).
-    /// The runtime of the Blender version `blender` names (`None`: the first).
+    /// The runtime of the Blender version `blender` names, or the first one
+    /// when it names none (a coordinator that does not choose).
     fn runtime_named(&self, blender: Option<&str>) -> Option<crate::runtime::Runtime> {
         let offered = &self.config.runtimes;
         let found = match blender {
@@ -937,6 +936,7 @@ impl SessionRenderer {
         found.map(|o| o.runtime.clone())
     }
 
+    /// The runtime the task asks for, or why this worker has none.
     fn runtime_for(&self, req: &RenderRequest) -> Result<crate::runtime::Runtime, RenderFailure> {
         let offered = &self.config.runtimes;
         self.runtime_named(req.blender.as_deref()).ok_or_else(|| {
