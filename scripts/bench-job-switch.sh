@@ -6,7 +6,9 @@
 # round by round, each round on a fresh coordinator. Also the median of the
 # worker log's "Blender session started ... ms=" and how many of those
 # sessions were a Blender started before their task came (spare=true).
-# Usage: BASELINE=REV [JOBS=6] [ROUNDS=3] [SLOTS=1] scripts/bench-job-switch.sh [WIDTH HEIGHT SAMPLES]
+# KIND=heavy makes each scene a load-heavy one (1 M polygons, a packed 4k
+# texture: a 175 MiB file to download and load) instead of a small still.
+# Usage: BASELINE=REV [JOBS=6] [ROUNDS=3] [SLOTS=1] [KIND=still|heavy] scripts/bench-job-switch.sh [WIDTH HEIGHT SAMPLES]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -15,7 +17,7 @@ ensure_rust
 
 [ -n "${BASELINE:-}" ] || { echo "error: set BASELINE=REV, the commit to compare with (e.g. BASELINE=HEAD~1)" >&2; exit 1; }
 w="${1:-160}"; h="${2:-120}"; s="${3:-16}"
-jobs="${JOBS:-6}"; rounds="${ROUNDS:-3}"; slots="${SLOTS:-1}"
+jobs="${JOBS:-6}"; rounds="${ROUNDS:-3}"; slots="${SLOTS:-1}"; kind="${KIND:-still}"
 work="$(mktemp -d)"
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
@@ -25,9 +27,9 @@ tessera="$PWD/target/release/tessera"
 build_baseline "$BASELINE" release
 base="$BASELINE_BIN"
 for i in $(seq "$jobs"); do
-  # Scenes that differ (their seed), so that no two jobs share a scene.
+  # Scenes that differ (their sample counts), so that no two jobs share a scene.
   blender -b --factory-startup --python-exit-code 2 --python tests/blender/make_scene.py -- \
-    --out "$work/scene$i.blend" --kind still --width "$w" --height "$h" --samples "$((s + i))" >/dev/null 2>&1
+    --out "$work/scene$i.blend" --kind "$kind" --width "$w" --height "$h" --samples "$((s + i))" >/dev/null 2>&1
 done
 
 now() { date +%s.%N; }
@@ -55,4 +57,4 @@ round() { # NAME BIN: appends its line (see scripts/session_starts.py) to $work/
 # Each binary's first run is untimed.
 alternate "$rounds" "$work/times" round "$tessera" "$base"
 python3 scripts/session_starts.py table "$work/times" \
-  "$jobs one-frame jobs (${w}x$h), waiting, then one worker of $slots slot(s) renders them all; baseline $BASELINE_SHORT"
+  "$jobs one-frame $kind jobs (${w}x$h), waiting, then one worker of $slots slot(s) renders them all; baseline $BASELINE_SHORT"
