@@ -15,7 +15,7 @@ source scripts/lib.sh
 ensure_blender
 ensure_rust
 
-[ -n "${BASELINE:-}" ] || { echo "error: set BASELINE=REV, the commit to compare with (e.g. BASELINE=HEAD~1)" >&2; exit 1; }
+need_baseline
 w="${1:-160}"; h="${2:-120}"; s="${3:-16}"
 jobs="${JOBS:-6}"; rounds="${ROUNDS:-3}"; slots="${SLOTS:-1}"; kind="${KIND:-still}"
 work="$(mktemp -d)"

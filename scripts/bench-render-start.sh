@@ -20,7 +20,7 @@ source scripts/lib.sh
 ensure_blender
 ensure_rust
 
-[ -n "${BASELINE:-}" ] || { echo "error: set BASELINE=REV, the commit to compare with (e.g. BASELINE=HEAD~1)" >&2; exit 1; }
+need_baseline
 w="${1:-160}"; h="${2:-120}"; s="${3:-16}"
 line="${LINE:-4.5}"; rounds="${ROUNDS:-6}"; frames="${FRAMES:-2}"; workers="${WORKERS:-1}"
 read -r -a extra <<<"${ARGS:-}"

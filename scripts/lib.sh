@@ -154,6 +154,12 @@ ensure_postgres() {
 # target/bench-baseline/SHORT/src, its own target directory there, seeded
 # with this tree's release dependencies) and sets BASELINE_BIN to it.
 # Usage: build_baseline REV [release|dev]
+# Stops with what to do when $BASELINE is not set (for the scripts that
+# only compare with one).
+need_baseline() {
+  [ -n "${BASELINE:-}" ] || { echo "error: set BASELINE=REV, the commit to compare with (e.g. BASELINE=HEAD~1)" >&2; exit 1; }
+}
+
 # Runs `FN new NEW_BIN` and `FN baseline BASE_BIN` once each, untimed,
 # empties TIMES, then ROUNDS rounds of both, the order swapping each round
 # so that neither always runs first.

@@ -39,16 +39,20 @@ pub async fn render(args: RenderArgs) -> Result<()> {
     // and boot while the scene is read (a Blender start of its own for a
     // scene not read before) and while the farm starts.
     let mut offered = crate::runtimes::offer_local(&local).await?;
-    // The spares start with the first runtime offered: the one that reads
-    // the scene goes first, known from the file's header without a Blender
-    // start, so a scene another Blender saved (4.5 beside Debian's 3.4)
-    // does not boot one Blender for nothing and then its own. Where none
-    // reads it, `prepare` below says so.
-    if let Some(scene) = &args.job.scene {
-        if let Ok(fits) = crate::runtimes::choose(&local, scene, args.job.requirement()?) {
-            if let Some(at) = offered.iter().position(|o| o.runtime == fits.runtime) {
-                offered[..=at].rotate_right(1);
-            }
+    // The one that reads the scene, known from the file's header without a
+    // Blender start. Where none does (or no scene is given), `prepare`
+    // below says so.
+    let chosen = args
+        .job
+        .scene
+        .as_deref()
+        .map(|scene| crate::runtimes::choose(&local, scene, args.job.requirement()?));
+    // The spares start with the first runtime offered: the chosen one goes
+    // first, so a scene another Blender saved (4.5 beside Debian's 3.4)
+    // does not boot one Blender for nothing and then its own.
+    if let Some(Ok(fits)) = &chosen {
+        if let Some(at) = offered.iter().position(|o| o.runtime == fits.runtime) {
+            offered[..=at].rotate_right(1);
         }
     }
     // The user's own machine: --scene-python runs the scene's Python here,
@@ -73,7 +77,7 @@ pub async fn render(args: RenderArgs) -> Result<()> {
         ms = reading.elapsed().as_millis() as u64,
         "scene and Blender runtimes read"
     );
-    let chosen = crate::runtimes::choose(&local, &frames.scene, args.job.requirement()?)?;
+    let chosen = chosen.context("give the .blend scene to render")??;
     let features = offered
         .iter()
         .find(|o| o.runtime == chosen.runtime)

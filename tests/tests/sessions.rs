@@ -617,12 +617,5 @@ fn a_slot_moving_to_another_job_finds_its_blender_started_while_the_last_task_re
         "a Blender started only when its task came:\n{log}"
     );
     assert!(!log.contains("asks for another Blender"), "{log}");
-    let out = dir.path().join("out-b");
-    cli_ok(
-        &coord.url,
-        &["fetch", &b.to_string(), "-o", out.to_str().unwrap()],
-    );
-    let refs = dir.path().join("refs-b");
-    reference(&scene_b, 1, 1, &refs);
-    assert_matches_reference(&out, &refs, 1..=1);
+    fetch_exact(&coord.url, b, &scene_b, 1..=1, dir.path());
 }

@@ -1146,22 +1146,6 @@ fn slot_device<R: Renderer>(
     (device, plan.and_then(|p| p.uuid))
 }
 
-/// Lets `renderer` know that `slot`'s next task, leased ahead, is `task` of
-/// another job than its current render's, so that it may start the Blender
-/// that task needs meanwhile.
-fn expect_next<R: Renderer>(shared: &Shared<R>, slot: u32, task: &pb::TaskAssignment) {
-    let (device, gpu_uuid) = slot_device(shared, slot, task);
-    shared.renderer.expect(
-        slot,
-        &crate::blender::NextLaunch {
-            device,
-            gpu_uuid,
-            blender: Some(task.blender.clone()).filter(|b| !b.is_empty()),
-            scene_python: task.scene_python,
-        },
-    );
-}
-
 /// Lets `renderer` start what each planned slot will need (a spare
 /// Blender) before its first task; a renderer that has it already does
 /// nothing.

@@ -184,15 +184,15 @@ impl Session {
         }
     }
 
-    fn push_line(&mut self, line: String) {
-        self.take_line(line);
-    }
-
-    /// Keeps a line of Blender's output in the tail; true when it ended in
-    /// the session's mark ([`messages::OUTPUT_MARK`]), which is not kept.
-    fn take_line(&mut self, line: String) -> bool {
+    /// Keeps a line of Blender's output in the tail (and notes it in
+    /// `printed`); true when it ended in the session's mark
+    /// ([`messages::OUTPUT_MARK`]), which is neither kept nor noted.
+    fn take_line(&mut self, line: String, printed: Option<&mut Printed>) -> bool {
         let (line, mark) = without_mark(line);
         if let Some(line) = line {
+            if let Some(p) = printed {
+                p.note(&line);
+            }
             if self.tail.len() == LOG_TAIL_LINES {
                 self.tail.pop_front();
             }
@@ -217,7 +217,7 @@ impl Session {
         let deadline = tokio::time::Instant::now() + MARKS_WITHIN;
         while marks < 2 {
             match tokio::time::timeout_at(deadline, self.lines.recv()).await {
-                Ok(Some(line)) => marks += usize::from(self.take_line(line)),
+                Ok(Some(line)) => marks += usize::from(self.take_line(line, None)),
                 Ok(None) | Err(_) => break,
             }
         }
@@ -225,13 +225,9 @@ impl Session {
     }
 
     /// Moves lines printed since the last render into the tail.
-    fn drain_lines(&mut self, printed: Option<&mut Printed>) {
-        let mut printed = printed;
+    fn drain_lines(&mut self, mut printed: Option<&mut Printed>) {
         while let Ok(line) = self.lines.try_recv() {
-            if let Some(p) = printed.as_deref_mut() {
-                p.note(line.strip_suffix(messages::OUTPUT_MARK).unwrap_or(&line));
-            }
-            self.push_line(line);
+            self.take_line(line, printed.as_deref_mut());
         }
     }
 
@@ -347,8 +343,7 @@ impl Session {
                         },
                     },
                     line = self.lines.recv() => if let Some(line) = line {
-                        printed.note(&line);
-                        self.push_line(line);
+                        self.take_line(line, Some(&mut printed));
                     },
                     changed = stop.changed() => {
                         if changed.is_err() || *stop.borrow() {
@@ -774,7 +769,7 @@ impl SessionRenderer {
                     }
                 },
                 line = session.lines.recv() => if let Some(line) = line {
-                    marks += usize::from(session.take_line(line));
+                    marks += usize::from(session.take_line(line, None));
                 },
                 changed = stop.changed() => {
                     if changed.is_err() || *stop.borrow() {
@@ -846,8 +841,11 @@ impl SessionRenderer {
     }
 
     /// Starts a spare Blender for `slot` as `launch` says, unless it has one
-    /// started so (one started otherwise is ended).
+    /// started so (one started otherwise is ended) or the worker keeps none.
     fn spare_ahead(&self, slot: u32, launch: &Launch) {
+        if !self.config.spare {
+            return;
+        }
         let mut spares = self.spares.lock().unwrap();
         let entry = SlotSpare::of(&mut spares, slot, launch);
         if let Some(other) = entry.spare.take_if(|s| s.launch != *launch) {
@@ -1052,7 +1050,7 @@ impl Renderer for SessionRenderer {
             Some(s) => s,
             None => self.start(&req, &mut stop).await?,
         };
-        if !self.config.reuse && self.config.spare {
+        if !self.config.reuse {
             // One Blender per task: the next task's starts while this one renders.
             self.spare_ahead(req.slot, &session.launch);
         }
@@ -1087,7 +1085,7 @@ impl Renderer for SessionRenderer {
         let Some(first) = self.config.runtimes.first() else {
             return;
         };
-        if !self.config.spare || self.spares.lock().unwrap().contains_key(&slot) {
+        if self.spares.lock().unwrap().contains_key(&slot) {
             return;
         }
         let launch = Launch {
@@ -1100,9 +1098,6 @@ impl Renderer for SessionRenderer {
     }
 
     fn expect(&self, slot: u32, next: &crate::blender::NextLaunch) {
-        if !self.config.spare {
-            return;
-        }
         // A version this worker lacks fails when the task starts, saying so.
         let Some(runtime) = self.runtime_named(next.blender.as_deref()) else {
             return;

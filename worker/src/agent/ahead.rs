@@ -120,7 +120,7 @@ pub(super) async fn ask<R: Renderer>(
     );
     if task.job_id != warm {
         // Another job's: its Blender may start while this render runs.
-        super::expect_next(shared, slot, &task);
+        expect_next(shared, slot, &task);
     }
     let (decide, decided) = oneshot::channel();
     let renewal = shared.renewals.hold(&task.lease_id, Holding::Waiting);
@@ -135,6 +135,22 @@ pub(super) async fn ask<R: Renderer>(
         decide,
         keeper,
     })
+}
+
+/// Lets `renderer` know that `slot`'s next task, leased ahead, is `task` of
+/// another job than its current render's, so that it may start the Blender
+/// that task needs meanwhile.
+fn expect_next<R: Renderer>(shared: &Shared<R>, slot: u32, task: &pb::TaskAssignment) {
+    let (device, gpu_uuid) = super::slot_device(shared, slot, task);
+    shared.renderer.expect(
+        slot,
+        &crate::blender::NextLaunch {
+            device,
+            gpu_uuid,
+            blender: Some(task.blender.clone()).filter(|b| !b.is_empty()),
+            scene_python: task.scene_python,
+        },
+    );
 }
 
 /// Keeps `renewal`'s lease renewed (with the worker's other leases, see
